@@ -1,0 +1,1 @@
+"""Decisions as data: routing, prefill batching and decode admission. Policies never touch the clock."""

@@ -1,0 +1,1 @@
+"""How time passes: the SimPy model of disaggregated serving, predictors, metrics and the CLI."""

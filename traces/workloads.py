@@ -1,0 +1,93 @@
+"""The paper's workloads: empirical length tables with Poisson arrivals.
+
+Chatbot: ShareGPT conversation lengths (DistServe's rule), SLOs TTFT 2 s / TPOT 200 ms.
+Summarization: prompts truncated to a uniform random length in 1900..2040 tokens (DistServe's
+rule for LongBench), output lengths from arXiv summarization, SLOs TTFT 15 s / TPOT 200 ms.
+The length tables ship in ``traces/data`` (see its NOTICE.md for sources and licences).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+from traces.trace import Trace
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    lengths_file: str
+    ttft_slo_s: float
+    tpot_slo_s: float
+    prompt_range: tuple[int, int] | None = None   # uniform prompt lengths replace the table's
+
+
+WORKLOADS: dict[str, WorkloadSpec] = {
+    "chatbot": WorkloadSpec("chatbot", "sharegpt-chatbot-lengths.csv", 2.0, 0.2),
+    "summarization": WorkloadSpec("summarization", "arxiv-summarization-lengths.csv", 15.0, 0.2,
+                                  prompt_range=(1900, 2040)),
+}
+
+
+def workload_spec(name: str) -> WorkloadSpec:
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}") from None
+
+
+@lru_cache(maxsize=None)
+def length_table(filename: str) -> tuple[np.ndarray, np.ndarray]:
+    """(input_tokens, output_tokens) columns of a vendored length table, read-only."""
+    text = resources.files("traces").joinpath("data", filename).read_text()
+    rows = np.loadtxt(text.splitlines(), delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+    prompt, output = rows[:, 0].copy(), rows[:, 1].copy()
+    prompt.setflags(write=False)
+    output.setflags(write=False)
+    return prompt, output
+
+
+def sample_lengths(name: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` (prompt, output) length pairs of workload ``name``, sampled with replacement."""
+    spec = workload_spec(name)
+    prompt_table, output_table = length_table(spec.lengths_file)
+    rows = rng.integers(0, len(prompt_table), size=n)
+    prompt, output = prompt_table[rows], output_table[rows]
+    if spec.prompt_range is not None:
+        low, high = spec.prompt_range
+        prompt = rng.integers(low, high + 1, size=n)
+    return prompt.astype(np.int64), np.maximum(output, 1).astype(np.int64)
+
+
+def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` Poisson arrival instants at ``rate`` requests/s, the first at its first gap."""
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 requests/s, got {rate}")
+    return np.cumsum(rng.exponential(1.0 / rate, size=n))
+
+
+def make_workload(name: str, rate: float, num_requests: int | None = None,
+                  duration_s: float | None = None, seed: int = 0) -> Trace:
+    """Poisson arrivals at ``rate`` over workload ``name``'s lengths.
+
+    Give ``num_requests``, ``duration_s`` or both (then the trace stops at whichever comes
+    first). One ``numpy.random.Generator`` seeded from ``seed`` drives everything.
+    """
+    if num_requests is None and duration_s is None:
+        raise ValueError("give num_requests or duration_s")
+    if num_requests is not None and num_requests < 1:
+        raise ValueError(f"num_requests must be >= 1, got {num_requests}")
+    if duration_s is not None and not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    rng = np.random.default_rng(seed)
+    n = num_requests if num_requests is not None else int(rate * duration_s * 1.2 + 50)
+    arrivals = poisson_arrivals(rate, n, rng)
+    while duration_s is not None and num_requests is None and arrivals[-1] < duration_s:
+        arrivals = np.concatenate([arrivals, arrivals[-1] + poisson_arrivals(rate, n, rng)])
+    prompt, output = sample_lengths(name, len(arrivals), rng)
+    trace = Trace.from_columns(arrivals, prompt, output, name=f"{name}@{rate:g}")
+    return trace.until(duration_s) if duration_s is not None else trace

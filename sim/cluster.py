@@ -1,0 +1,138 @@
+"""Build a simulated cluster from a ``RunConfig`` and run a trace through it.
+
+``simulate(config)`` is the one entry point: it makes the workload (or takes a trace), wires
+router -> prefill instances -> KV link -> decode instances, runs SimPy to completion, and
+returns a ``RunResult`` with the records table and the summary metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import simpy
+
+from hardware import catalog
+from policies.routing import ROUTING
+from sim import metrics
+from sim.config import ConfigError, InstanceConfig, RunConfig
+from sim.decode import DecodeInstance
+from sim.ledger import Ledger
+from sim.link import DirectRdma, KVLink
+from sim.predictor import Predictor, RooflinePredictor, load_profile
+from sim.prefill import PrefillInstance
+from sim.router import Router
+from traces.trace import Trace
+from traces.workloads import make_workload
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    records: object                 # pandas DataFrame, traces.schema columns
+    summary: dict
+    stats: dict = field(default_factory=dict)
+
+
+def make_predictor(config: RunConfig, inst: InstanceConfig) -> Predictor:
+    cluster = config.cluster
+    profile = load_profile(cluster.profile)
+    if inst.device not in profile:
+        raise ConfigError(f"profile {cluster.profile!r} has no efficiency table for device "
+                          f"{inst.device!r}")
+    return RooflinePredictor(catalog.model(cluster.model), catalog.device(inst.device), inst.tp,
+                             profile[inst.device], inst.weight_format, inst.kv_dtype)
+
+
+def kv_capacity_blocks(config: RunConfig, inst: InstanceConfig) -> int:
+    """KV blocks of one instance: usable device memory minus weights, in blocks.
+
+    Raises ``ConfigError`` when the weights alone do not fit."""
+    model = catalog.model(config.cluster.model)
+    dev = catalog.device(inst.device)
+    usable = dev.memory_bytes * inst.tp * inst.memory_utilization
+    weights = model.weight_bytes(inst.weight_format)
+    if weights >= usable:
+        raise ConfigError(
+            f"cluster.{inst.role}: {model.name} weights in {inst.weight_format} take "
+            f"{weights / 1e9:.1f} GB, but {inst.tp}x {dev.name} offer {usable / 1e9:.1f} GB "
+            f"(memory_utilization {inst.memory_utilization}); raise tp or choose a smaller "
+            f"weight_format")
+    free = usable - weights
+    if inst.kv_buffer_gb > 0:
+        free = min(free, inst.kv_buffer_gb * 1e9)
+    block_bytes = model.kv_bytes_per_token(inst.kv_dtype) * inst.block_size
+    return int(free // block_bytes)
+
+
+def workload_trace(config: RunConfig) -> Trace:
+    w = config.workload
+    if w.trace is not None:
+        from traces.loaders import load_trace
+
+        trace, _report = load_trace(w.trace)
+        if w.num_requests is not None:
+            trace = trace.head(w.num_requests)
+        return trace.until(w.duration_s) if w.duration_s is not None else trace
+    return make_workload(w.name, w.rate, w.num_requests, w.duration_s, seed=config.seed)
+
+
+def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
+             until: float | None = None, predictors: tuple | None = None) -> RunResult:
+    """Run ``trace`` (default: the config's workload) through the configured cluster.
+
+    ``until`` cuts the run at that simulated instant (open requests become ``unfinished``).
+    ``predictors`` = (prefill, decode) replaces the roofline predictors (e.g. tables)."""
+    config = config or RunConfig()
+    trace = trace if trace is not None else workload_trace(config)
+    cl = config.cluster
+    model = catalog.model(cl.model)
+    prefill_pred, decode_pred = predictors or (make_predictor(config, cl.prefill),
+                                               make_predictor(config, cl.decode))
+    prefill_blocks = kv_capacity_blocks(config, cl.prefill)
+    decode_blocks = kv_capacity_blocks(config, cl.decode)
+
+    wall = time.perf_counter()
+    env = simpy.Environment()
+    ledger = Ledger(trace)
+    link = KVLink(env, cl.link.bandwidth_gb_s * 1e9,
+                  DirectRdma(cl.link.latency_s, cl.link.per_request_s))
+    decode_route = ROUTING[cl.decode_routing]
+    decodes = [DecodeInstance(env, k, ledger, decode_pred, link,
+                              max_batch_size=cl.decode.max_batch_size,
+                              capacity_blocks=decode_blocks, block_size=cl.decode.block_size,
+                              kv_bytes_per_token=model.kv_bytes_per_token(cl.decode.kv_dtype),
+                              fast_forward=cl.fast_forward)
+               for k in range(cl.decode.num_instances)]
+    counter = [0]
+
+    def to_decode(i: int, source) -> None:
+        k = decode_route([d.load for d in decodes], counter[0]) if len(decodes) > 1 else 0
+        counter[0] += 1
+        decodes[k].offer(i, source)
+
+    prefills = [PrefillInstance(env, k, ledger, prefill_pred,
+                                max_batch_size=cl.prefill.max_batch_size,
+                                max_batch_tokens=cl.prefill.max_batch_tokens,
+                                buffer_blocks=prefill_blocks, block_size=cl.prefill.block_size,
+                                on_prefilled=to_decode)
+                for k in range(cl.prefill.num_instances)]
+    Router(env, ledger, prefills, decodes, ROUTING[cl.routing], model.max_context)
+    env.run(until=until)
+    records = ledger.frame(cut_at=until)
+    wall = time.perf_counter() - wall
+
+    summary = metrics.summarize(records, config.slo.ttft_s, config.slo.tpot_s)
+    summary["sim_wall_time_s"] = wall
+    summary["simulated_time_s"] = float(env.now)
+    stats = {
+        "prefill_busy_s": [p.busy_time for p in prefills],
+        "prefill_batches": [p.num_batches for p in prefills],
+        "decode_busy_s": [d.busy_time for d in decodes],
+        "decode_iterations": [d.num_iterations for d in decodes],
+        "link_busy_s": link.busy_time,
+        "link_bytes": link.bytes_moved,
+        "prefill_buffer_blocks": prefill_blocks,
+        "decode_capacity_blocks": decode_blocks,
+    }
+    return RunResult(config, records, summary, stats)

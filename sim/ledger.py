@@ -1,0 +1,76 @@
+"""The run's ledger: per-request facts as plain lists indexed by request position.
+
+Components write instants here as they happen; at the end the ledger becomes the records
+table (``traces.schema``). Lists indexed by position keep the hot path free of objects.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from traces.schema import Status, records_frame
+from traces.trace import Trace
+
+NAN = math.nan
+
+
+class Ledger:
+    def __init__(self, trace: Trace):
+        n = len(trace)
+        self.n = n
+        self.trace = trace
+        self.prompt: list[int] = trace.num_prompt_tokens.tolist()
+        self.output: list[int] = trace.num_output_tokens.tolist()
+        self.arrival_at: list[float] = trace.arrival_at.tolist()
+        self.status: list[Status | None] = [None] * n
+        self.prefill_instance = [-1] * n
+        self.decode_instance = [-1] * n
+        self.prefill_start_at = [NAN] * n
+        self.prefill_end_at = [NAN] * n
+        self.transfer_start_at = [NAN] * n
+        self.transfer_end_at = [NAN] * n
+        self.first_token_at = [NAN] * n
+        self.finished_at = [NAN] * n
+        self.num_generated = [0] * n
+        self.join_iteration = [0] * n   # decode iteration at which the request joined
+        self.kv_bytes = [0] * n
+
+    def fail(self, i: int, status: Status, now: float) -> None:
+        assert self.status[i] is None, f"request {i} already ended as {self.status[i]}"
+        self.status[i] = status
+        self.finished_at[i] = now
+
+    def finish(self, i: int, now: float) -> None:
+        assert self.status[i] is None, f"request {i} already ended as {self.status[i]}"
+        self.status[i] = Status.OK
+        self.finished_at[i] = now
+        self.num_generated[i] = self.output[i]
+
+    def frame(self, cut_at: float | None = None):
+        """Records table. Requests still open become ``unfinished`` only when the run was cut
+        at ``cut_at``; otherwise an open request is a bug and raises."""
+        status = list(self.status)
+        for i, s in enumerate(status):
+            if s is None:
+                if cut_at is None:
+                    raise RuntimeError(f"request {self.trace.request_id[i]} ended in no state")
+                status[i] = Status.UNFINISHED
+        return records_frame({
+            "request_id": self.trace.request_id,
+            "arrival_at": self.arrival_at,
+            "num_prompt_tokens": self.prompt,
+            "num_output_tokens": self.output,
+            "status": np.array([s.value for s in status], dtype=object),
+            "prefill_instance": self.prefill_instance,
+            "decode_instance": self.decode_instance,
+            "prefill_start_at": self.prefill_start_at,
+            "prefill_end_at": self.prefill_end_at,
+            "transfer_start_at": self.transfer_start_at,
+            "transfer_end_at": self.transfer_end_at,
+            "first_token_at": self.first_token_at,
+            "finished_at": self.finished_at,
+            "num_generated_tokens": self.num_generated,
+            "kv_bytes": self.kv_bytes,
+        })

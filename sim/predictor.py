@@ -1,0 +1,231 @@
+"""Latency predictors: how long a prefill batch or a run of decode iterations takes.
+
+Two predictors share one interface:
+
+- ``RooflinePredictor``: time = max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) +
+  tensor-parallel all-reduce + fixed overhead, from the device and model catalogs and the
+  named efficiency factors of a profile file (``sim/profiles/*.toml``).
+- ``TablePredictor``: interpolates measured points (prefill time vs batch tokens, decode step
+  vs batch size and context), for calibration against the real mode.
+
+Decode fast-forward needs the time of ``k`` iterations of a fixed batch whose total context
+grows by ``batch`` tokens per iteration: ``decode_time(batch, context, k)``, and the inverse,
+``decode_steps_within(batch, context, k, elapsed)``. The roofline answers both in closed form;
+the table predictor with a vectorised cumulative sum. ``decode_step_time`` is the oracle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Sequence
+
+import numpy as np
+
+from hardware.catalog import DeviceSpec, ModelSpec
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Named efficiency factors of one device (a profile file's table)."""
+
+    prefill_compute_efficiency: float
+    prefill_memory_efficiency: float
+    decode_compute_efficiency: float
+    decode_memory_efficiency: float
+    step_overhead_s: float
+    allreduce_latency_s: float
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if name.endswith("efficiency") and not 0.0 < value <= 1.0:
+                raise ValueError(f"profile: {name} = {value} must be in (0, 1]")
+            if not name.endswith("efficiency") and not 0.0 <= value <= 10.0:
+                raise ValueError(f"profile: {name} = {value} must be in [0, 10] seconds")
+
+
+@lru_cache(maxsize=None)
+def load_profile(name: str = "default") -> dict[str, Efficiency]:
+    """Efficiency factors per device key from ``sim/profiles/<name>.toml`` or a file path."""
+    if name.endswith(".toml"):
+        with open(name, "rb") as f:
+            table = tomllib.load(f)
+    else:
+        path = resources.files("sim").joinpath("profiles", f"{name}.toml")
+        if not path.is_file():
+            raise ValueError(f"unknown profile {name!r}")
+        table = tomllib.loads(path.read_text())
+    return {key: Efficiency(**{k: v for k, v in value.items() if k in Efficiency.__dataclass_fields__})
+            for key, value in table.items()}
+
+
+class Predictor:
+    """Interface. Subclasses give ``prefill_time`` and ``decode_step_time``; the decode sums
+    default to a vectorised cumulative sum over ``decode_step_times``."""
+
+    def prefill_time(self, prompt_lens: Sequence[int]) -> float:
+        raise NotImplementedError
+
+    def decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:
+        """Step time for each total context in ``contexts`` (vectorised)."""
+        raise NotImplementedError
+
+    def decode_step_time(self, batch: int, context: int) -> float:
+        return float(self.decode_step_times(batch, np.array([context], dtype=np.float64))[0])
+
+    def decode_time(self, batch: int, context: int, steps: int) -> float:
+        """Time of ``steps`` iterations starting at total ``context``, growing by ``batch``."""
+        return float(self._cumulative(batch, context, steps)[-1]) if steps > 0 else 0.0
+
+    def decode_steps_within(self, batch: int, context: int, steps: int, elapsed: float) -> int:
+        """Largest j <= steps whose first j iterations end no later than ``elapsed``."""
+        cum = self._cumulative(batch, context, steps)
+        return int(np.searchsorted(cum, elapsed, side="right"))
+
+    def _cumulative(self, batch: int, context: int, steps: int) -> np.ndarray:
+        contexts = context + batch * np.arange(steps, dtype=np.float64)
+        return np.cumsum(self.decode_step_times(batch, contexts))
+
+
+class RooflinePredictor(Predictor):
+    """Roofline timing of one instance: ``tp`` devices of ``device`` serving ``model``."""
+
+    def __init__(self, model: ModelSpec, device: DeviceSpec, tp: int, efficiency: Efficiency,
+                 weight_format: str = "bfloat16", kv_dtype: str = "bfloat16"):
+        self.model, self.device, self.tp, self.eff = model, device, tp, efficiency
+        peak = device.peak_tflops * 1e12 * tp
+        bandwidth = device.memory_bandwidth_gb_s * 1e9 * tp
+        m = model
+        attn_flops_per_ctx = 4.0 * m.num_layers * m.num_heads * m.head_dim   # QK^T and AV
+        self._weights = m.weight_bytes_read_per_step(weight_format)
+        self._kv_per_token = m.kv_bytes_per_token(kv_dtype)
+        self._lm_head_flops = 2.0 * m.embedding_params
+        self._body_flops_per_token = 2.0 * (m.linear_params - m.embedding_params)
+        self._attn_flops_per_ctx = attn_flops_per_ctx
+        self._prefill_flops_rate = peak * efficiency.prefill_compute_efficiency
+        self._prefill_bytes_rate = bandwidth * efficiency.prefill_memory_efficiency
+        self._decode_flops_rate = peak * efficiency.decode_compute_efficiency
+        self._decode_bytes_rate = bandwidth * efficiency.decode_memory_efficiency
+        self._link = device.tp_link_gb_s * 1e9
+
+    def allreduce_time(self, tokens: int) -> float:
+        """Two ring all-reduces per layer of ``tokens`` x hidden bf16 activations."""
+        if self.tp == 1:
+            return 0.0
+        message = tokens * self.model.hidden_size * 2.0
+        ring = 2.0 * (self.tp - 1) / self.tp * message / self._link
+        return 2 * self.model.num_layers * (self.eff.allreduce_latency_s + ring)
+
+    def prefill_time(self, prompt_lens: Sequence[int]) -> float:
+        tokens = float(sum(prompt_lens))
+        pairs = float(sum(n * (n + 1) // 2 for n in prompt_lens))   # causal attention
+        flops = (self._body_flops_per_token * tokens + self._lm_head_flops * len(prompt_lens)
+                 + self._attn_flops_per_ctx * pairs)
+        nbytes = self._weights + self._kv_per_token * tokens
+        return (max(flops / self._prefill_flops_rate, nbytes / self._prefill_bytes_rate)
+                + self.allreduce_time(int(tokens)) + self.eff.step_overhead_s)
+
+    def _decode_lines(self, batch: int) -> tuple[float, float, float, float, float]:
+        """Step time = const + max(c0 + c1 * context, m0 + m1 * context)."""
+        c0 = (self._body_flops_per_token + self._lm_head_flops) * batch / self._decode_flops_rate
+        c1 = self._attn_flops_per_ctx / self._decode_flops_rate
+        m0 = self._weights / self._decode_bytes_rate
+        m1 = self._kv_per_token / self._decode_bytes_rate
+        const = self.allreduce_time(batch) + self.eff.step_overhead_s
+        return const, c0, c1, m0, m1
+
+    def decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:
+        const, c0, c1, m0, m1 = self._decode_lines(batch)
+        return const + np.maximum(c0 + c1 * contexts, m0 + m1 * contexts)
+
+    def decode_step_time(self, batch: int, context: int) -> float:
+        const, c0, c1, m0, m1 = self._decode_lines(batch)
+        return const + max(c0 + c1 * context, m0 + m1 * context)
+
+    def decode_time(self, batch: int, context: int, steps: int) -> float:
+        const, c0, c1, m0, m1 = self._decode_lines(batch)
+        return steps * const + _sum_max_lines(c0 + c1 * context, c1 * batch,
+                                              m0 + m1 * context, m1 * batch, steps)
+
+    def decode_steps_within(self, batch: int, context: int, steps: int, elapsed: float) -> int:
+        lo, hi = 0, steps                     # invariant: time(lo) <= elapsed
+        if self.decode_time(batch, context, steps) <= elapsed:
+            return steps
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.decode_time(batch, context, mid) <= elapsed:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+def _sum_arith(p: float, q: float, lo: int, hi: int) -> float:
+    """sum_{i=lo}^{hi-1} (p + q i)."""
+    n = hi - lo
+    return n * p + q * n * (lo + hi - 1) / 2.0 if n > 0 else 0.0
+
+
+def _sum_max_lines(p1: float, q1: float, p2: float, q2: float, k: int) -> float:
+    """sum_{i=0}^{k-1} max(p1 + q1 i, p2 + q2 i) in closed form."""
+    if q1 == q2:
+        return _sum_arith(max(p1, p2), q1, 0, k)
+    cross = (p2 - p1) / (q1 - q2)           # line 1 >= line 2 on one side of this point
+    if q1 > q2:                              # line 1 wins for i >= cross
+        m = min(max(math.ceil(cross), 0), k)
+        return _sum_arith(p2, q2, 0, m) + _sum_arith(p1, q1, m, k)
+    m = min(max(math.floor(cross) + 1, 0), k)    # line 1 wins for i <= cross
+    return _sum_arith(p1, q1, 0, m) + _sum_arith(p2, q2, m, k)
+
+
+class TablePredictor(Predictor):
+    """Interpolates measured latencies.
+
+    ``prefill_tokens``/``prefill_s``: prefill time vs total batch tokens (linear, extrapolated
+    by the end segments). ``decode_batches`` x ``decode_contexts`` -> ``decode_s`` (a grid of
+    step times vs batch size and total context), bilinear, extrapolated linearly.
+    """
+
+    def __init__(self, prefill_tokens, prefill_s, decode_batches, decode_contexts, decode_s):
+        from scipy.interpolate import RegularGridInterpolator
+
+        self._ptok = np.asarray(prefill_tokens, dtype=np.float64)
+        self._psec = np.asarray(prefill_s, dtype=np.float64)
+        if len(self._ptok) < 2 or np.any(np.diff(self._ptok) <= 0):
+            raise ValueError("prefill_tokens must hold >= 2 strictly increasing points")
+        grid = np.asarray(decode_s, dtype=np.float64)
+        batches = np.asarray(decode_batches, dtype=np.float64)
+        contexts = np.asarray(decode_contexts, dtype=np.float64)
+        if grid.shape != (len(batches), len(contexts)):
+            raise ValueError(f"decode_s has shape {grid.shape}, expected "
+                             f"({len(batches)}, {len(contexts)})")
+        self._decode = RegularGridInterpolator((batches, contexts), grid, method="linear",
+                                               bounds_error=False, fill_value=None)
+
+    def prefill_time(self, prompt_lens: Sequence[int]) -> float:
+        x, xs, ys = float(sum(prompt_lens)), self._ptok, self._psec
+        if x <= xs[0]:
+            return float(ys[0] + (x - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0]))
+        if x >= xs[-1]:
+            return float(ys[-1] + (x - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        return float(np.interp(x, xs, ys))
+
+    def decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:
+        points = np.column_stack([np.full(len(contexts), float(batch)), contexts])
+        return self._decode(points)
+
+    @classmethod
+    def sample(cls, predictor: Predictor, prefill_tokens, decode_batches,
+               decode_contexts) -> "TablePredictor":
+        """A table measured from another predictor (for tests and calibration examples)."""
+        prefill = [predictor.prefill_time([int(t)]) for t in prefill_tokens]
+        grid = [[predictor.decode_step_time(int(b), int(c)) for c in decode_contexts]
+                for b in decode_batches]
+        return cls(prefill_tokens, prefill, decode_batches, decode_contexts, grid)

@@ -1,0 +1,84 @@
+"""A prefill instance: FCFS queue, vLLM-like batches, a finite KV send buffer.
+
+``run()`` takes the longest FCFS head that fits the token budget, the batch size and the free
+blocks of the send buffer (``policies.batching``), yields the batch's predicted time, then hands
+every request to the decode side. A request's KV cache stays in the send buffer until the
+decode side has pulled it (``release``), so a slow decode side backs up into prefill.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import simpy
+
+from policies.batching import blocks_for, fcfs_prefill_batch
+
+
+class PrefillInstance:
+    def __init__(self, env: simpy.Environment, index: int, ledger, predictor, *,
+                 max_batch_size: int, max_batch_tokens: int, buffer_blocks: int,
+                 block_size: int, on_prefilled):
+        self.env, self.index, self.ledger, self.predictor = env, index, ledger, predictor
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.block_size = block_size
+        self.buffer_blocks = buffer_blocks
+        self.free_blocks = buffer_blocks
+        self.on_prefilled = on_prefilled          # callback(request, prefill_instance)
+        self.queue: deque[int] = deque()
+        self.queued_tokens = 0
+        self.busy_time = 0.0
+        self.num_batches = 0
+        self._wake: simpy.Event | None = None
+        self.process = env.process(self.run())
+
+    def fits(self, prompt_tokens: int) -> bool:
+        """Whether a prompt can ever be prefilled here."""
+        return (prompt_tokens <= self.max_batch_tokens
+                and blocks_for(prompt_tokens, self.block_size) <= self.buffer_blocks)
+
+    @property
+    def load(self) -> int:
+        return self.queued_tokens
+
+    def submit(self, i: int) -> None:
+        self.queue.append(i)
+        self.queued_tokens += self.ledger.prompt[i]
+        self.ledger.prefill_instance[i] = self.index
+        self._poke()
+
+    def release(self, i: int) -> None:
+        """The decode side has pulled request ``i``'s KV cache: free its send buffer."""
+        self.free_blocks += blocks_for(self.ledger.prompt[i], self.block_size)
+        self._poke()
+
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def run(self):
+        env, ledger, prompt, queue = self.env, self.ledger, self.ledger.prompt, self.queue
+        while True:
+            take = fcfs_prefill_batch((prompt[i] for i in queue), self.max_batch_size,
+                                      self.max_batch_tokens, self.free_blocks, self.block_size)
+            if take == 0:
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            batch = [queue.popleft() for _ in range(take)]
+            lens = [prompt[i] for i in batch]
+            self.queued_tokens -= sum(lens)
+            self.free_blocks -= sum(blocks_for(n, self.block_size) for n in lens)
+            start = env.now
+            for i in batch:
+                ledger.prefill_start_at[i] = start
+            duration = self.predictor.prefill_time(lens)
+            yield env.timeout(duration)
+            self.busy_time += duration
+            self.num_batches += 1
+            now = env.now
+            for i in batch:
+                ledger.prefill_end_at[i] = now
+                self.on_prefilled(i, self)

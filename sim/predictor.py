@@ -114,6 +114,7 @@ class RooflinePredictor(Predictor):
         self._decode_flops_rate = peak * efficiency.decode_compute_efficiency
         self._decode_bytes_rate = bandwidth * efficiency.decode_memory_efficiency
         self._link = device.tp_link_gb_s * 1e9
+        self._lines: dict[int, tuple[float, float, float, float, float]] = {}
 
     def allreduce_time(self, tokens: int) -> float:
         """Two ring all-reduces per layer of ``tokens`` x hidden bf16 activations."""
@@ -133,7 +134,13 @@ class RooflinePredictor(Predictor):
                 + self.allreduce_time(int(tokens)) + self.eff.step_overhead_s)
 
     def _decode_lines(self, batch: int) -> tuple[float, float, float, float, float]:
-        """Step time = const + max(c0 + c1 * context, m0 + m1 * context)."""
+        """Step time = const + max(c0 + c1 * context, m0 + m1 * context), cached per batch."""
+        lines = self._lines.get(batch)
+        if lines is None:
+            lines = self._lines[batch] = self._compute_lines(batch)
+        return lines
+
+    def _compute_lines(self, batch: int) -> tuple[float, float, float, float, float]:
         c0 = (self._body_flops_per_token + self._lm_head_flops) * batch / self._decode_flops_rate
         c1 = self._attn_flops_per_ctx / self._decode_flops_rate
         m0 = self._weights / self._decode_bytes_rate
@@ -155,9 +162,18 @@ class RooflinePredictor(Predictor):
                                               m0 + m1 * context, m1 * batch, steps)
 
     def decode_steps_within(self, batch: int, context: int, steps: int, elapsed: float) -> int:
-        lo, hi = 0, steps                     # invariant: time(lo) <= elapsed
         if self.decode_time(batch, context, steps) <= elapsed:
             return steps
+        # Step times never shrink along a run, so elapsed / last step <= j <= elapsed / first.
+        first = self.decode_step_time(batch, context)
+        last = self.decode_step_time(batch, context + batch * (steps - 1))
+        lo = max(0, min(steps, int(elapsed / last)) - 1)
+        hi = min(steps, int(elapsed / first) + 1)
+        while lo > 0 and self.decode_time(batch, context, lo) > elapsed:
+            lo -= 1                           # guards against rounding in the bounds
+        while hi < steps and self.decode_time(batch, context, hi) <= elapsed:
+            hi += 1
+        # invariant: time(lo) <= elapsed < time(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if self.decode_time(batch, context, mid) <= elapsed:

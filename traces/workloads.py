@@ -42,13 +42,28 @@ def workload_spec(name: str) -> WorkloadSpec:
 
 @lru_cache(maxsize=None)
 def length_table(filename: str) -> tuple[np.ndarray, np.ndarray]:
-    """(input_tokens, output_tokens) columns of a vendored length table, read-only."""
-    text = resources.files("traces").joinpath("data", filename).read_text()
-    rows = np.loadtxt(text.splitlines(), delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
-    prompt, output = rows[:, 0].copy(), rows[:, 1].copy()
+    """(input_tokens, output_tokens) columns of a vendored length table, read-only.
+
+    Rows with 0 input or 0 output tokens are not servable requests and are left out (the
+    ShareGPT table has 19 such rows of 13,303: see ``dropped_rows``)."""
+    prompt, output = _raw_table(filename)
+    keep = (prompt >= 1) & (output >= 1)
+    prompt, output = prompt[keep].copy(), output[keep].copy()
     prompt.setflags(write=False)
     output.setflags(write=False)
     return prompt, output
+
+
+@lru_cache(maxsize=None)
+def _raw_table(filename: str) -> tuple[np.ndarray, np.ndarray]:
+    text = resources.files("traces").joinpath("data", filename).read_text()
+    rows = np.loadtxt(text.splitlines(), delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+    return rows[:, 0], rows[:, 1]
+
+
+def dropped_rows(filename: str) -> int:
+    """Rows of a length table left out for having 0 input or 0 output tokens."""
+    return len(_raw_table(filename)[0]) - len(length_table(filename)[0])
 
 
 def sample_lengths(name: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +75,7 @@ def sample_lengths(name: str, n: int, rng: np.random.Generator) -> tuple[np.ndar
     if spec.prompt_range is not None:
         low, high = spec.prompt_range
         prompt = rng.integers(low, high + 1, size=n)
-    return prompt.astype(np.int64), np.maximum(output, 1).astype(np.int64)
+    return prompt.astype(np.int64), output.astype(np.int64)
 
 
 def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -1,0 +1,200 @@
+"""The ``hawk`` command line.
+
+    hawk simulate            the paper's Chatbot scenario (GPU prefill, NPU decode), a summary
+    hawk sweep --rates A:B:S SLO attainment over rates, in parallel, and the knee
+    hawk bench               simulator speed against bare SimPy, measured in the same run
+
+Other command groups (trace replay, the real mode) register themselves when installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+from sim.config import ConfigError, RunConfig, load_config
+from traces.workloads import WORKLOADS
+
+EXTRA_COMMANDS = ("traces.commands", "hardware.commands")
+
+
+def _config_from_args(args) -> RunConfig:
+    config = load_config(args.config) if args.config else RunConfig()
+    changes = {}
+    if args.workload is not None:
+        changes["workload.name"] = args.workload
+        if args.ttft_slo is None and args.tpot_slo is None:
+            spec = WORKLOADS[args.workload]
+            changes.update({"slo.ttft_s": spec.ttft_slo_s, "slo.tpot_s": spec.tpot_slo_s})
+    for flag, key in (("rate", "workload.rate"), ("seed", "seed"), ("ttft_slo", "slo.ttft_s"),
+                      ("tpot_slo", "slo.tpot_s")):
+        if getattr(args, flag, None) is not None:
+            changes[key] = getattr(args, flag)
+    if getattr(args, "num_requests", None) is not None:
+        changes["workload.num_requests"] = args.num_requests
+    if getattr(args, "duration", None) is not None:
+        changes["workload.duration_s"] = args.duration
+        if getattr(args, "num_requests", None) is None:
+            changes["workload.num_requests"] = None
+    if getattr(args, "oracle", False):
+        changes["cluster.fast_forward"] = False
+    return config.replace(**changes) if changes else config
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML run configuration")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), help="paper workload (default chatbot)")
+    p.add_argument("--num-requests", type=int, help="requests to simulate (default 2000)")
+    p.add_argument("--duration", type=float, help="seconds of arrivals instead of a count")
+    p.add_argument("--seed", type=int, help="random seed (default 0)")
+    p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds")
+    p.add_argument("--tpot-slo", type=float, help="TPOT SLO in seconds")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def format_summary(summary: dict, config: RunConfig) -> str:
+    cl = config.cluster
+    head = (f"{cl.model}: prefill {cl.prefill.num_instances}x({cl.prefill.tp}x {cl.prefill.device})"
+            f" -> decode {cl.decode.num_instances}x({cl.decode.tp}x {cl.decode.device}), "
+            f"workload {config.workload.name} @ {config.workload.rate:g} req/s, seed {config.seed}")
+    rows = [("requests", summary["num_requests"]), ("finished ok", summary["num_finished"]),
+            ("failed", summary["num_failed"]), ("unfinished", summary["num_unfinished"]),
+            ("SLO attainment", f"{100 * summary['slo_attainment']:.1f}% "
+                               f"(TTFT {summary['ttft_slo_s']:g} s, TPOT {summary['tpot_slo_s']:g} s)")]
+    for name in ("ttft", "tpot", "e2e"):
+        rows.append((f"{name.upper()} p50/p90/p99 (s)", " / ".join(
+            _fmt(summary[f"{name}_p{q}_s"]) for q in (50, 90, 99))))
+    rows += [("output tokens/s", _fmt(summary["output_tokens_per_s"])),
+             ("simulated time (s)", _fmt(summary.get("simulated_time_s", math.nan))),
+             ("wall time (s)", _fmt(summary.get("sim_wall_time_s", math.nan)))]
+    failures = {k: v for k, v in summary["statuses"].items() if k != "ok"}
+    if failures:
+        rows.append(("failures", ", ".join(f"{k}: {v}" for k, v in failures.items())))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([head] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def cmd_simulate(args) -> int:
+    from sim.cluster import simulate, workload_trace
+    from traces.schema import write_records
+
+    config = _config_from_args(args)
+    trace = None
+    if args.trace is not None:
+        from traces.loaders import load_trace
+
+        trace, report = load_trace(args.trace, args.trace_format, skip_bad=args.skip_bad)
+        if not args.json:
+            print(report.describe(), file=sys.stderr)
+        if args.num_requests is not None:
+            trace = trace.head(args.num_requests)
+        if args.duration is not None:
+            trace = trace.until(args.duration)
+    result = simulate(config, trace if trace is not None else workload_trace(config))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_records(result.records, args.out / "records.parquet")
+        (args.out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(result.summary))
+    else:
+        print(format_summary(result.summary, config))
+        if args.out is not None:
+            print(f"records and summary written to {args.out}/")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from sim.sweep import parse_rates, plot_sweep, summarize_sweep, sweep
+
+    config = _config_from_args(args)
+    rates = parse_rates(args.rates)
+    seeds = range(config.seed, config.seed + args.seeds)
+    points = sweep(config, rates, seeds, workers=args.workers, progress=not args.json,
+                   ray_address=args.ray)
+    summary = summarize_sweep(points, args.target)
+    if args.plot is not None:
+        plot_sweep(summary, args.plot, title=f"{config.workload.name}: {config.cluster.prefill.device}"
+                                              f" -> {config.cluster.decode.device}")
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{'rate':>8} {'attainment':>11} {'P90 TTFT s':>11} {'P90 TPOT s':>11} {'tok/s':>9}")
+    for r in summary["rows"]:
+        print(f"{r['rate']:>8g} {100 * r['slo_attainment']:>10.1f}% {r['ttft_p90_s']:>11.3f} "
+              f"{r['tpot_p90_s']:>11.4f} {r['output_tokens_per_s']:>9.1f}")
+    knee = summary["knee_rate"]
+    print(f"knee (attainment >= {100 * args.target:.0f}%): "
+          + ("none of the rates" if math.isnan(knee) else f"{knee:g} req/s"))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from sim import bench
+
+    report = bench.run(num_requests=args.num_requests, rate=args.rate, seed=args.seed)
+    print(json.dumps(report) if args.json else bench.format_report(report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hawk", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("simulate", help="simulate one run (default: the paper's Chatbot scenario)")
+    _add_common(p)
+    p.add_argument("--rate", type=float, help="Poisson arrival rate, req/s (default 0.5)")
+    p.add_argument("--trace", type=Path, help="replay a trace file instead of Poisson arrivals")
+    p.add_argument("--trace-format", help="trace format (default: detected from the header)")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows, reported")
+    p.add_argument("--oracle", action="store_true", help="iteration-by-iteration decode (slow)")
+    p.add_argument("--out", type=Path, help="write records.parquet and summary.json here")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("sweep", help="SLO attainment over a range of rates, and the knee")
+    _add_common(p)
+    p.add_argument("--rates", default="0.1:1.0:0.05", help="start:stop:step or a,b,c (req/s)")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per rate (default 1)")
+    p.add_argument("--target", type=float, default=0.9, help="attainment target (default 0.9)")
+    p.add_argument("--workers", type=int, help="processes (default: one per core)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the points on a Ray cluster")
+    p.add_argument("--plot", type=Path, help="write a PNG of attainment and latencies vs rate")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("bench", help="simulator speed vs bare SimPy, measured in the same run")
+    p.add_argument("--num-requests", type=int, default=100_000)
+    p.add_argument("--rate", type=float, help="arrival rate (default: the knee, found first)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+    for name in EXTRA_COMMANDS:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"hawk {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Rate sweeps: one simulation per (rate, seed), run in parallel, and the knee.
+
+Each point is independent and deterministic (its own seed), so points run in a process pool
+(or on a Ray cluster when an address is given) and come back in the order they were asked for.
+The knee is the highest rate whose SLO attainment is >= the target (90% by default).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim import metrics
+from sim.config import ConfigError, RunConfig
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"0.1:1.0:0.05"`` (start:stop:step, stop included) or ``"0.2,0.4,0.8"``."""
+    try:
+        if ":" in text:
+            start, stop, step = (float(x) for x in text.split(":"))
+            if step <= 0 or stop < start:
+                raise ValueError
+            n = int(round((stop - start) / step)) + 1
+            rates = [round(start + k * step, 10) for k in range(n)]
+        else:
+            rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--rates {text!r}: expected start:stop:step with step > 0 and "
+                          f"stop >= start, or a comma-separated list") from None
+    if not rates or min(rates) <= 0:
+        raise ConfigError(f"--rates {text!r}: rates must be > 0 requests/s")
+    return rates
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    rate: float
+    seed: int
+    summary: dict
+
+
+def _run_point(args: tuple[RunConfig, float, int]) -> SweepPoint:
+    from sim.cluster import simulate
+
+    config, rate, seed = args
+    result = simulate(config.replace(**{"workload.rate": rate, "seed": seed}))
+    return SweepPoint(rate, seed, result.summary)
+
+
+def sweep(config: RunConfig, rates, seeds=(0,), workers: int | None = None,
+          progress: bool = True, ray_address: str | None = None) -> list[SweepPoint]:
+    """Simulate every (rate, seed); ``workers=1`` runs in this process."""
+    jobs = [(config, float(r), int(s)) for r in rates for s in seeds]
+    if ray_address is not None:
+        return _sweep_ray(jobs, ray_address, progress)
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    bar = _progress(len(jobs), progress)
+    if workers == 1:
+        points = []
+        for job in jobs:
+            points.append(_run_point(job))
+            bar.update()
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            points = []
+            for point in pool.map(_run_point, jobs):
+                points.append(point)
+                bar.update()
+    bar.close()
+    return points
+
+
+def _sweep_ray(jobs, address: str, progress: bool) -> list[SweepPoint]:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("--ray needs the optional dependency: pip install 'hawk-sim[ray]'") from exc
+    ray.init(address=address, ignore_reinit_error=True)
+    remote = ray.remote(_run_point)
+    refs = [remote.remote(job) for job in jobs]
+    bar = _progress(len(refs), progress)
+    for ref in refs:
+        ray.wait([ref])
+        bar.update()
+    bar.close()
+    return ray.get(refs)
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="sweep", unit="run", disable=not enabled, leave=False)
+
+
+def summarize_sweep(points: list[SweepPoint], target: float = 0.9) -> dict:
+    """Per-rate means over seeds, and the knee."""
+    rates = sorted({p.rate for p in points})
+    rows = []
+    for rate in rates:
+        group = [p.summary for p in points if p.rate == rate]
+        row = {"rate": rate, "num_seeds": len(group)}
+        for key in ("slo_attainment", "ttft_p90_s", "tpot_p90_s", "output_tokens_per_s",
+                    "num_failed"):
+            row[key] = float(np.mean([g[key] for g in group]))
+        rows.append(row)
+    knee = metrics.knee([r["rate"] for r in rows], [r["slo_attainment"] for r in rows], target)
+    at_knee = next((r for r in rows if r["rate"] == knee), None)
+    return {"target": target, "knee_rate": knee,
+            "output_tokens_per_s_at_knee": at_knee["output_tokens_per_s"] if at_knee else None,
+            "rows": rows}
+
+
+def plot_sweep(summary: dict, path, title: str = "") -> None:
+    """SLO attainment and P90 latencies vs rate, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["rows"]
+    rates = [r["rate"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    axes[0].plot(rates, [100 * r["slo_attainment"] for r in rows], marker="o")
+    axes[0].axhline(100 * summary["target"], color="grey", linestyle="--")
+    axes[0].set_ylabel("SLO attainment (%)")
+    axes[1].plot(rates, [r["ttft_p90_s"] for r in rows], marker="o")
+    axes[1].set_ylabel("P90 TTFT (s)")
+    axes[2].plot(rates, [1e3 * r["tpot_p90_s"] for r in rows], marker="o")
+    axes[2].set_ylabel("P90 TPOT (ms)")
+    for ax in axes:
+        ax.set_xlabel("rate (req/s)")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,148 @@
+"""The HAWK transformation in torch: byte-exact packing, and GPU cache -> plan -> banks -> back."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from hardware import transform
+from hardware.dram import DramConfig, contiguous_runs, page_location
+from hardware.kv_layout import GpuKVSpec, TTKVSpec, gather_tokens, read_tt_tokens
+from hardware.plans import (RequestTransfer, apply_plan, check_disjoint, hawk_plan,
+                            per_page_plan)
+from hardware.tiles import pack as np_pack, quantize
+
+golden = np.load(Path(__file__).parent / "data" / "ttnn-golden.npz")
+DTYPES = ["bfloat16", "bfloat8_b", "bfloat4_b", "float32"]
+
+
+@pytest.mark.parametrize("k", range(int(golden["n_cases"])))
+def test_torch_pack_reproduces_ttnn_bytes(k):
+    x = torch.from_numpy(golden[f"input_{k}"])
+    packed = transform.pack(x, str(golden[f"dtype_{k}"])).reshape(-1).numpy()
+    assert np.array_equal(packed, golden[f"packed_{k}"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_pack_equals_numpy_pack(dtype):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, 45, 70)) * np.exp2(rng.integers(-40, 40, (3, 45, 70))))
+    x = x.astype(np.float32)
+    x[0, 0, :5] = [0.0, -0.0, 1e-40, -1e-42, 3e38]
+    packed, _ = np_pack(x, dtype)
+    assert np.array_equal(transform.pack(torch.from_numpy(x), dtype).reshape(-1).numpy(), packed)
+
+
+def make_transfer(rng, num_tokens, heads, head, gpu_bs, order, tt_bs, dtype, banks, layers=2,
+                  alignment=32):
+    gpu = GpuKVSpec(num_layers=layers, num_blocks=-(-num_tokens // gpu_bs) + 3,
+                    num_kv_heads=heads, head_size=head, block_size=gpu_bs, order=order)
+    n_tt = -(-num_tokens // tt_bs)
+    tt = TTKVSpec(num_layers=layers, max_num_blocks=n_tt + 3, num_kv_heads=heads, head_dim=head,
+                  dram=DramConfig(num_banks=banks, alignment=alignment, bank_bytes=1 << 20),
+                  block_size=tt_bs, dtype=dtype)
+    table = rng.permutation(gpu.num_blocks)[:gpu.blocks_for(num_tokens)]
+    tt_blocks = rng.permutation(tt.max_num_blocks)[:n_tt]
+    if rng.random() < 0.5:                                   # often one contiguous run
+        tt_blocks = np.arange(n_tt) + rng.integers(0, 4)
+    return RequestTransfer(gpu, tt, table, tt_blocks, num_tokens)
+
+
+def check_exactly_once(plan, req):
+    """Writes cover exactly the pages of the request's blocks, each byte once."""
+    check_disjoint(plan)
+    plan.check_bounds(plan.src_size, req.tt.region_sizes)
+    stride = req.page_stride if plan.kind == "hawk" else req.tt.page_bytes
+    assert plan.total_bytes == plan.src_size == req.num_tensors * req.pages_per_tensor * stride
+    covered = np.zeros(plan.src_size, bool)
+    for s, n in zip(plan.src_offset, plan.nbytes):
+        assert not covered[s:s + n].any()
+        covered[s:s + n] = True
+    assert covered.all()
+    written = [np.zeros(size, np.int64) for size in req.tt.region_sizes]
+    for r, d, n in zip(plan.dst_region, plan.dst_offset, plan.nbytes):
+        written[r][d:d + n] += 1
+    wanted = [np.zeros(size, np.int64) for size in req.tt.region_sizes]
+    pages = req.tt.block_pages(req.tt_blocks)
+    for t in range(req.num_tensors):
+        bank, off = page_location(pages, req.tt.page_bytes, req.tt.dram,
+                                  req.tt.tensor_base(t // 2, t % 2))
+        for b, o in zip(bank, off):
+            wanted[b][o:o + stride] += 1
+    assert all(np.array_equal(w, v) for w, v in zip(written, wanted))   # each byte exactly once
+
+
+def round_trip(req, make_send, build_plan, generator_seed):
+    layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(generator_seed))
+    send = make_send(layers, req)
+    plan = build_plan(req)
+    assert send.numel() == plan.src_size
+    check_exactly_once(plan, req)
+    banks = [np.zeros(s, np.uint8) for s in req.tt.region_sizes]
+    apply_plan(plan, send.numpy(), banks)
+    for layer in range(req.gpu.num_layers):
+        tokens = gather_tokens(layers[layer].float().numpy(), req.gpu, req.block_table,
+                               req.num_tokens)                  # [2, T, H, D]
+        for kv in (0, 1):
+            got = read_tt_tokens(banks, req.tt, layer, kv, req.tt_blocks, req.num_tokens)
+            want = quantize(tokens[kv], req.tt.dtype)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (layer, kv)
+    return plan
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_tokens=st.integers(1, 150), heads=st.integers(1, 3),
+       head=st.sampled_from([32, 40, 64, 96]), gpu_bs=st.sampled_from([16, 32]),
+       order=st.sampled_from(["NHD", "HND"]), tt_bs=st.sampled_from([32, 64]),
+       dtype=st.sampled_from(DTYPES), banks=st.integers(1, 12),
+       alignment=st.sampled_from([32, 64, 128]), seed=st.integers(0, 2**31))
+def test_hawk_round_trip(num_tokens, heads, head, gpu_bs, order, tt_bs, dtype, banks,
+                         alignment, seed):
+    rng = np.random.default_rng(seed)
+    req = make_transfer(rng, num_tokens, heads, head, gpu_bs, order, tt_bs, dtype, banks,
+                        alignment=alignment)
+    plan = round_trip(req, transform.hawk_transform, hawk_plan, seed)
+    runs = len(contiguous_runs(req.tt_blocks))
+    assert plan.num_writes <= req.num_tensors * runs * banks
+
+
+@settings(max_examples=10, deadline=None)
+@given(num_tokens=st.integers(1, 100), dtype=st.sampled_from(DTYPES), banks=st.integers(1, 12),
+       seed=st.integers(0, 2**31))
+def test_per_page_round_trip(num_tokens, dtype, banks, seed):
+    req = make_transfer(np.random.default_rng(seed), num_tokens, 2, 64, 16, "NHD", 32, dtype,
+                        banks)
+    plan = round_trip(req, transform.page_order_transform, per_page_plan, seed)
+    assert plan.num_writes == req.num_tensors * req.pages_per_tensor
+
+
+def test_gather_tokens_is_the_request_in_gpu_dtype():
+    req = make_transfer(np.random.default_rng(5), 50, 2, 32, 16, "HND", 32, "bfloat16", 8)
+    layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(0))
+    raw = transform.gather_tokens(layers, req)
+    assert raw.numel() == req.token_bytes
+    got = raw.view(torch.bfloat16).reshape(2, 2, 50, 2, 32)[1].float().numpy()
+    assert np.array_equal(got, gather_tokens(layers[1].float().numpy(), req.gpu,
+                                             req.block_table, 50))
+
+
+def test_layer_shape_mismatch_names_the_shape():
+    req = make_transfer(np.random.default_rng(6), 20, 1, 32, 16, "NHD", 32, "bfloat16", 8)
+    layers = transform.make_gpu_cache(req.gpu)
+    layers[1] = layers[1].transpose(2, 3)
+    with pytest.raises(ValueError, match=r"layer 1 has shape .* expected"):
+        transform.hawk_transform(layers, req)
+    with pytest.raises(ValueError, match="1 layer tensors"):
+        transform.hawk_transform(layers[:1], req)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.cuda is not available here")
+def test_hawk_transform_on_cuda_matches_cpu():
+    req = make_transfer(np.random.default_rng(7), 300, 2, 128, 16, "NHD", 32, "bfloat8_b", 8)
+    layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(0))
+    cpu = transform.hawk_transform(layers, req)
+    cuda = transform.hawk_transform([x.cuda() for x in layers], req)
+    assert cuda.device.type == "cuda"
+    assert torch.equal(cuda.cpu(), cpu)

@@ -1,0 +1,214 @@
+"""Algorithm 1 between a prefill server and a decode client in one process (loopback double)."""
+
+import socket
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hardware.plan import TransferPlan
+from hardware.protocol import DecodeClient, PrefillServer, recv_msg, send_msg
+from hardware.transport import (
+    AuthError, ChecksumMismatch, PlanOutOfBounds, SendBufferExhausted, TransferFailed,
+    TransferTimeout, UnknownRequest, make_transport,
+)
+from hardware.transport.buffers import BytesSource, Reservations, StripedSink
+from hardware.transport.loopback import LoopbackFabric
+
+TOKEN = "s3cret"
+KIB = 1024
+
+
+def payloads(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return {f"r{i}": rng.integers(0, 256, n, dtype=np.uint8) for i, n in enumerate(sizes)}
+
+
+class Cluster:
+    """A prefill server and decode clients on one fabric, with a leak check at the end."""
+
+    def __init__(self, data, send_bytes=256 * KIB, lease_s=30.0, segment_bytes=None):
+        self.fabric = LoopbackFabric()
+        self.p = make_transport("loopback", fabric=self.fabric)
+        self.d = make_transport("loopback", fabric=self.fabric)
+        self.send = np.zeros(send_bytes, np.uint8)
+        self.server = PrefillServer(self.p, self.send, BytesSource(data), TOKEN,
+                                    lease_s=lease_s, segment_bytes=segment_bytes).start()
+        self.banks = [np.zeros(128 * KIB, np.uint8) for _ in range(4)]
+        self.sink = StripedSink(self.d, self.banks, chunk_bytes=4 * KIB,
+                                max_request_bytes=128 * KIB)
+        self.clients = []
+
+    def client(self, token=TOKEN, sink=None):
+        c = DecodeClient(self.d, sink or self.sink, self.server.address, token, timeout_s=5)
+        self.clients.append(c)
+        return c
+
+    def raw(self):
+        """A bare control connection that has said hello."""
+        s = socket.create_connection(self.server.address, timeout=5)
+        send_msg(s, {"op": "hello", "token": TOKEN, "endpoint": self.d.endpoint()})
+        assert recv_msg(s, "test")["ok"]
+        return s
+
+    def close(self):
+        for c in self.clients:
+            c.close()
+        wait_until(lambda: not self.server.reserved())
+        leaks = {"send buffer": self.server.reserved(), "sink": self.sink.reserved()}
+        self.server.stop()
+        self.sink.close()
+        leaks["regions"] = self.p.live_regions() + self.d.live_regions()
+        self.p.close(), self.d.close()
+        assert not any(leaks.values()), f"left reserved: {leaks}"
+
+
+def wait_until(cond, timeout_s=3.0):
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return cond()
+
+
+@pytest.fixture
+def make_cluster():
+    made = []
+
+    def make(data, **kw):
+        made.append(Cluster(data, **kw))
+        return made[-1]
+    yield make
+    for c in made:
+        c.close()
+
+
+def test_pull_moves_the_prepared_bytes_exactly(make_cluster):
+    data = payloads([100 * KIB, 5 * KIB + 3])
+    c = make_cluster(data)
+    client = c.client()
+    for rid, payload in data.items():
+        result = client.pull(rid)
+        assert result.output == payload.tobytes()
+        assert result.num_writes == -(-payload.size // (4 * KIB))
+        assert not c.server.reserved() and not c.sink.reserved()
+
+
+def test_control_socket_binds_loopback_by_default(make_cluster):
+    c = make_cluster(payloads([KIB]))
+    assert c.server.address[0] == "127.0.0.1"
+
+
+def test_wrong_token_is_refused_and_server_keeps_serving(make_cluster):
+    c = make_cluster(payloads([KIB]))
+    with pytest.raises(AuthError, match="wrong token"):
+        c.client(token="guess")
+    assert c.client().pull("r0").output == c.server.source.payloads["r0"].tobytes()
+
+
+def test_unknown_request_names_the_id(make_cluster):
+    c = make_cluster(payloads([KIB]))
+    with pytest.raises(UnknownRequest, match="no KV cache for request 'nope'"):
+        c.client().pull("nope")
+
+
+def test_full_send_buffer_pushes_back_then_recovers(make_cluster):
+    c = make_cluster(payloads([96 * KIB, 96 * KIB]), send_bytes=128 * KIB)
+    held = c.raw()
+    send_msg(held, {"op": "pull", "token": TOKEN, "request_id": "r0", "dest": {}})
+    assert recv_msg(held, "test")["ok"]
+    client = c.client()
+    with pytest.raises(SendBufferExhausted, match="no room for request 'r1'"):
+        client.pull("r1")
+    assert not c.sink.reserved(), "the decode side released its banks after the refusal"
+    send_msg(held, {"op": "done", "token": TOKEN, "request_id": "r0"})
+    assert recv_msg(held, "test")["ok"]
+    assert client.pull("r1").nbytes == 96 * KIB
+    held.close()
+
+
+def test_timeout_releases_both_sides(make_cluster):
+    c = make_cluster(payloads([8 * KIB]))
+    c.d.faults.delay_s = 0.5
+    with pytest.raises(TransferTimeout, match="not complete after 0.100 s"):
+        c.client().pull("r0", timeout_s=0.1)
+    assert not c.server.reserved() and not c.sink.reserved()
+
+
+def test_failed_transfer_releases_both_sides(make_cluster):
+    c = make_cluster(payloads([8 * KIB]))
+    c.d.faults.fail = OSError("link down")
+    with pytest.raises(TransferFailed):
+        c.client().pull("r0")
+    assert not c.server.reserved() and not c.sink.reserved()
+
+
+def test_corrupted_bytes_fail_the_segment_checksum(make_cluster):
+    c = make_cluster(payloads([64 * KIB]), segment_bytes=16 * KIB)
+    client = c.client()
+    c.d.faults.corrupt = True
+    with pytest.raises(ChecksumMismatch, match="1 of 4 segments differ"):
+        client.pull("r0")
+    assert client.pull("r0").output == c.server.source.payloads["r0"].tobytes()
+
+
+class OutOfBoundsSink(StripedSink):
+    def plan(self, request_id, dest, meta):
+        good = super().plan(request_id, dest, meta)
+        return TransferPlan("bad", good.src_offset, good.dst_region,
+                            good.dst_offset + 128 * KIB, good.nbytes, good.src_size,
+                            good.region_sizes)
+
+
+def test_out_of_bounds_plan_is_rejected_before_posting(make_cluster):
+    c = make_cluster(payloads([8 * KIB]))
+    sink = OutOfBoundsSink(c.d, [np.zeros(128 * KIB, np.uint8)], 4 * KIB, 64 * KIB)
+    try:
+        with pytest.raises(PlanOutOfBounds, match=r"write 0 writes region 0 bytes \[131072"):
+            c.client(sink=sink).pull("r0")
+        assert not sink.reserved() and not c.server.reserved()
+    finally:
+        sink.close()
+
+
+def test_dropped_decode_connection_releases_its_reservations(make_cluster):
+    c = make_cluster(payloads([8 * KIB, 8 * KIB]))
+    s = c.raw()
+    for rid in ("r0", "r1"):
+        send_msg(s, {"op": "pull", "token": TOKEN, "request_id": rid, "dest": {}})
+        assert recv_msg(s, "test")["ok"]
+    assert len(c.server.reserved()) == 2
+    s.close()
+    assert wait_until(lambda: not c.server.reserved())
+
+
+def test_expired_lease_is_released(make_cluster):
+    c = make_cluster(payloads([8 * KIB]), lease_s=0.2)
+    s = c.raw()
+    send_msg(s, {"op": "pull", "token": TOKEN, "request_id": "r0", "dest": {}})
+    assert recv_msg(s, "test")["ok"]
+    assert wait_until(lambda: not c.server.reserved())
+    assert any("lease of 0.2 s expired" in e for e in c.server.errors)
+    s.close()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 300)), max_size=40))
+def test_reservations_never_overlap_and_release_everything(ops):
+    r = Reservations(1024, align=64)
+    live = []
+    for i, (release, n) in enumerate(ops):
+        if release and live:
+            assert r.release(live.pop(0))
+            continue
+        try:
+            r.reserve(f"k{i}", n)
+            live.append(f"k{i}")
+        except SendBufferExhausted:
+            pass
+        spans = sorted(r.held.values())
+        assert all(o + n <= 1024 for o, n in spans)
+        assert all(a[0] + a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    for k in live:
+        r.release(k)
+    assert not r.held and r.used_bytes == 0

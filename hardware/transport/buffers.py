@@ -4,6 +4,8 @@ reference source and sink on plain bytes that ``hardware.protocol`` moves (tests
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from hardware.plan import TransferPlan
@@ -65,16 +67,17 @@ class StripedSink:
         self.regions = [transport.register_buffer(b) for b in banks]
         self.per_bank = -(-max_request_bytes // (chunk_bytes * len(banks))) * chunk_bytes
         self.held = [Reservations(b.nbytes, name=f"bank {k}") for k, b in enumerate(banks)]
+        self._lock = threading.Lock()
 
     def reserve(self, request_id: str) -> dict:
-        done = []
-        try:
-            for h in self.held:
-                done.append(h.reserve(request_id, self.per_bank))
-        except SendBufferExhausted:
-            self.release(request_id)
-            raise
-        return {"bank_offsets": done}
+        with self._lock:
+            try:
+                return {"bank_offsets": [h.reserve(request_id, self.per_bank)
+                                         for h in self.held]}
+            except SendBufferExhausted:
+                for h in self.held:
+                    h.release(request_id)
+                raise
 
     def plan(self, request_id: str, dest: dict, meta: dict) -> TransferPlan:
         n, nb = meta["nbytes"], len(self.banks)
@@ -95,8 +98,9 @@ class StripedSink:
         return out.tobytes()
 
     def release(self, request_id: str) -> None:
-        for h in self.held:
-            h.release(request_id)
+        with self._lock:
+            for h in self.held:
+                h.release(request_id)
 
     def reserved(self) -> int:
         return sum(len(h.held) for h in self.held)

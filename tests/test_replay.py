@@ -1,0 +1,159 @@
+"""Replay client against a real streaming server in a subprocess: timing, schedule, failures."""
+
+import argparse
+import json
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiohttp", reason="the replay client needs aiohttp (extra 'replay')")
+
+from traces.replay import ReplayConfig, replay, request_body, synthetic_prompt  # noqa: E402
+from traces.schema import Status, read_records  # noqa: E402
+from traces.trace import Trace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FAIL, HANG = 13, 17          # output lengths the stand-in server refuses / never answers
+
+
+@contextmanager
+def stub_server(ttft_s: float, tpot_s: float):
+    """Start ``traces.stub_server`` in its own process; yield its base URL."""
+    command = [sys.executable, "-m", "traces.stub_server", "--ttft", str(ttft_s),
+               "--tpot", str(tpot_s), "--fail-lengths", str(FAIL), "--hang-lengths", str(HANG)]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), f"stub server did not start: {line!r}"
+        yield line.split()[-1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def make_trace(arrivals, prompt=100, output=8) -> Trace:
+    n = len(arrivals)
+    return Trace.from_columns(np.asarray(arrivals, float), np.broadcast_to(prompt, n),
+                              np.broadcast_to(output, n))
+
+
+@pytest.fixture(scope="module")
+def fast_server():
+    with stub_server(ttft_s=0.02, tpot_s=0.005) as url:
+        yield url
+
+
+def test_prompt_and_body():
+    assert synthetic_prompt(3) == "hello hello hello"
+    body = request_body(ReplayConfig("http://h:1"), 4, 9)
+    assert body["prompt"] == "hello hello hello hello" and body["max_tokens"] == 9
+    assert body["ignore_eos"] is True and body["min_tokens"] == 9 and body["stream"] is True
+    body = request_body(ReplayConfig("http://h:1", prompt_token_id=42, ignore_eos=False), 3, 2)
+    assert body["prompt"] == [42, 42, 42] and "ignore_eos" not in body
+    chat = ReplayConfig("http://h:1/v1", api="chat")
+    assert chat.url == "http://h:1/v1/chat/completions"
+    assert request_body(chat, 2, 1)["messages"][0]["content"] == "hello hello"
+    with pytest.raises(ValueError, match="api 'embed' is not one of"):
+        ReplayConfig("http://h:1", api="embed")
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_measured_ttft_tpot_match_the_server_delays(api):
+    ttft, tpot, n_out = 0.15, 0.03, 10
+    with stub_server(ttft, tpot) as url:
+        result = replay(make_trace(np.arange(20) * 0.05, output=n_out),
+                        ReplayConfig(url, api=api, timeout_s=10))
+    records = result.records
+    assert (records["status"] == Status.OK.value).all()
+    assert (records["num_generated_tokens"] == n_out).all()
+    measured_ttft = records["first_token_at"] - records["arrival_at"]
+    measured_tpot = (records["finished_at"] - records["first_token_at"]) / (n_out - 1)
+    assert measured_ttft.min() >= ttft
+    assert measured_ttft.median() == pytest.approx(ttft, abs=0.02)
+    assert measured_tpot.median() == pytest.approx(tpot, abs=0.003)
+    assert len(result.itl) == 20 * (n_out - 1)
+    assert result.itl["latency_s"].median() == pytest.approx(tpot, abs=0.003)
+    assert records["prefill_start_at"].isna().all() and records["transfer_end_at"].isna().all()
+    assert (result.client["server_prompt_tokens"] == 100).all()
+
+
+def test_keeps_an_open_loop_schedule_at_200_per_second(fast_server):
+    rate, seconds = 200.0, 3.0
+    arrivals = np.arange(int(rate * seconds)) / rate
+    result = replay(make_trace(arrivals, output=8), ReplayConfig(fast_server, timeout_s=10))
+    summary = result.summary(2.0, 0.2)
+    assert summary["statuses"] == {"ok": len(arrivals)}
+    assert summary["send_lag_p99_s"] < 0.05, summary
+    assert summary["send_lag_max_s"] < 0.2, summary
+    sent = result.client["sent_at"].to_numpy()
+    assert np.all(sent >= arrivals - 1e-3)                      # never early
+    assert summary["tpot_p50_s"] == pytest.approx(0.005, abs=0.002)
+
+
+def test_sends_do_not_wait_for_responses():
+    with stub_server(ttft_s=1.0, tpot_s=0.01) as url:
+        result = replay(make_trace(np.arange(20) * 0.02, output=2), ReplayConfig(url))
+    sent = result.client["sent_at"].to_numpy()
+    first = result.records["first_token_at"].to_numpy()
+    assert sent[-1] < first[0]                 # all 20 sent before the first answer came
+    assert np.nanmax(result.client["send_lag_s"]) < 0.1
+
+
+def test_errors_and_timeouts_are_recorded_not_fatal(fast_server):
+    outputs = np.array([8, FAIL, 8, HANG, 8, FAIL, 8])
+    trace = Trace.from_columns(np.arange(7) * 0.01, np.full(7, 50), outputs)
+    result = replay(trace, ReplayConfig(fast_server, timeout_s=0.5))
+    status = result.records["status"].tolist()
+    assert status == ["ok", "failed_error", "ok", "failed_timeout", "ok", "failed_error", "ok"]
+    failed = result.records.iloc[[1, 3]]
+    assert failed["first_token_at"].isna().all() and failed["num_generated_tokens"].eq(0).all()
+    timed_out = result.records.iloc[3]
+    assert timed_out["finished_at"] - timed_out["arrival_at"] == pytest.approx(0.5, abs=0.1)
+    assert "HTTP 500" in result.client["error"].iloc[1]
+    assert result.summary(2.0, 0.2)["slo_attainment"] == pytest.approx(4 / 7)
+
+
+def test_unreachable_endpoint_fails_every_request_without_raising():
+    result = replay(make_trace([0.0, 0.01]), ReplayConfig("http://127.0.0.1:9", timeout_s=2))
+    assert (result.records["status"] == Status.FAILED_ERROR.value).all()
+    assert result.client["error"].str.len().gt(0).all()
+
+
+def run_cli(argv) -> int:
+    from traces import commands
+
+    parser = argparse.ArgumentParser(prog="hawk")
+    commands.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_replays_a_trace_file_and_writes_the_simulator_outputs(fast_server, tmp_path,
+                                                                   capsys):
+    trace = tmp_path / "t.csv"
+    rows = "\n".join(f"{0.01 * i},{40 + i},{6}" for i in range(30))
+    trace.write_text("arrival_at,num_prompt_tokens,num_output_tokens\n" + rows + "\n")
+    out = tmp_path / "run"
+    code = run_cli(["replay", "--endpoint", fast_server, "--trace", str(trace), "--out", str(out),
+                    "--num-requests", "25", "--rate-scale", "2", "--workload", "summarization",
+                    "--json"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    records = read_records(out / "records.parquet")
+    assert len(records) == 25 and (records["status"] == "ok").all()
+    np.testing.assert_allclose(records["arrival_at"], 0.005 * np.arange(25))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary == printed and summary["ttft_slo_s"] == 15.0
+    assert {"send_lag_p50_s", "send_lag_p99_s", "send_lag_max_s"} <= set(summary)
+    assert (out / "itl.parquet").exists() and (out / "client.parquet").exists()
+
+
+def test_cli_bad_trace_row_is_a_named_error(fast_server, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_at,num_prompt_tokens,num_output_tokens\n0,5,2\n1,5,zero\n")
+    with pytest.raises(ValueError, match=r"t.csv: line 3: field 'num_output_tokens'"):
+        run_cli(["replay", "--endpoint", fast_server, "--trace", str(trace)])

@@ -57,6 +57,13 @@ def test_azure_2024_timestamps_with_offset(tmp_path):
     assert report.origin == "2024-05-10T00:00:00.009135000Z"
 
 
+def test_header_with_byte_order_mark_is_detected(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     b"2023-11-16 18:15:46.0,3,4\n")
+    assert detect_format(path) == "azure" and len(load_trace(path)[0]) == 1
+
+
 def test_bad_row_names_file_line_and_field(tmp_path):
     path = write(tmp_path, "azure.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
                  "2023-11-16 18:15:46.6805900,374,44\n"

@@ -168,7 +168,7 @@ def detect_format(path) -> str:
         import pyarrow.parquet as pq
 
         return _by_columns(pq.read_schema(path).names) or "parquet"
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         first = next((line for line in f if line.strip()), "")
     if path.suffix.lower() in (".jsonl", ".json", ".ndjson") or first.lstrip().startswith("{"):
         try:
@@ -211,7 +211,7 @@ def _spec(fmt: str, raw: _Raw, mapping: ColumnMapping, path: Path) -> ColumnMapp
 
 
 def _read_csv(path: Path) -> _Raw:
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if not header:
@@ -235,7 +235,7 @@ def _read_csv(path: Path) -> _Raw:
 
 def _read_jsonl(path: Path) -> _Raw:
     records, lines, index, bad, n = [], [], [], [], 0
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for lineno, text in enumerate(f, start=1):
             if not text.strip():
                 continue
@@ -309,7 +309,8 @@ def _convert(raw: _Raw, spec: ColumnMapping, path: Path, fmt: str):
 def _numbers(source: np.ndarray) -> np.ndarray:
     import pandas as pd
 
-    numbers = pd.to_numeric(pd.Series(source, dtype=object), errors="coerce").to_numpy(float, copy=True)
+    parsed = pd.to_numeric(pd.Series(source, dtype=object), errors="coerce")
+    numbers = parsed.to_numpy(float, copy=True)
     is_bool = np.array([isinstance(v, (bool, np.bool_)) for v in source], dtype=bool)
     numbers[is_bool] = np.nan
     return numbers

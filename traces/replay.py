@@ -170,7 +170,7 @@ async def replay_async(trace: Trace, config: ReplayConfig) -> ReplayResult:
     progress = [_Progress(float(a)) for a in trace.arrival_at]
     trace_config = aiohttp.TraceConfig()
 
-    async def on_headers_sent(session, ctx, params) -> None:
+    async def on_headers_sent(client, ctx, params) -> None:
         ctx.trace_request_ctx.sent_at = loop.time() - t0
 
     trace_config.on_request_headers_sent.append(on_headers_sent)
@@ -178,7 +178,7 @@ async def replay_async(trace: Trace, config: ReplayConfig) -> ReplayResult:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, headers=headers,
                                      timeout=aiohttp.ClientTimeout(total=None),
-                                     trace_configs=[trace_config]) as session:
+                                     trace_configs=[trace_config]) as http:
         tasks = []
         for i, state in enumerate(progress):
             delay = t0 + state.due_at - loop.time()
@@ -186,18 +186,18 @@ async def replay_async(trace: Trace, config: ReplayConfig) -> ReplayResult:
                 await asyncio.sleep(delay)
             body = request_body(config, int(trace.num_prompt_tokens[i]),
                                 int(trace.num_output_tokens[i]))
-            tasks.append(loop.create_task(_send(session, config, body, state, t0)))
+            tasks.append(loop.create_task(_send(http, config, body, state, t0)))
         await asyncio.gather(*tasks)
     return _result(trace, progress, config.url)
 
 
-async def _send(session, config: ReplayConfig, body: dict, state: _Progress, t0: float) -> None:
+async def _send(http, config: ReplayConfig, body: dict, state: _Progress, t0: float) -> None:
     """Run one request to completion, timeout or error; never raises."""
     import aiohttp
 
     loop = asyncio.get_running_loop()
     try:
-        await asyncio.wait_for(_stream(session, config, body, state, t0), config.timeout_s)
+        await asyncio.wait_for(_stream(http, config, body, state, t0), config.timeout_s)
     except asyncio.TimeoutError:
         state.status, state.error = Status.FAILED_TIMEOUT, f"no completion in {config.timeout_s} s"
     except (aiohttp.ClientError, OSError, ValueError) as exc:
@@ -211,9 +211,9 @@ async def _send(session, config: ReplayConfig, body: dict, state: _Progress, t0:
         state.finished_at = loop.time() - t0
 
 
-async def _stream(session, config: ReplayConfig, body: dict, state: _Progress, t0: float):
+async def _stream(http, config: ReplayConfig, body: dict, state: _Progress, t0: float):
     loop = asyncio.get_running_loop()
-    async with session.post(config.url, json=body, trace_request_ctx=state) as response:
+    async with http.post(config.url, json=body, trace_request_ctx=state) as response:
         state.http_status = response.status
         if response.status != 200:
             text = (await response.text())[:200]

@@ -80,7 +80,7 @@ def send_payload(mechanism: str, layers, req: RequestTransfer):
         return tokens.to("cpu", copy=True)                                 # device -> host
     if mechanism == "GN-Direct":
         return tokens
-    raise ValueError(f"mechanism {mechanism!r}: allowed {MECHANISMS}")
+    raise ValueError(f"mechanism {mechanism!r}: allowed {', '.join(MECHANISMS)}")
 
 
 class MechanismSource:
@@ -136,7 +136,7 @@ class MechanismSink:
 
     def __init__(self, mechanism: str, transport: Transport, req: RequestTransfer) -> None:
         if mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism {mechanism!r}: allowed {MECHANISMS}")
+            raise ValueError(f"mechanism {mechanism!r}: allowed {', '.join(MECHANISMS)}")
         self.mechanism, self.transport, self.req = mechanism, transport, req
         g, self.held = req.gpu, set()
         self.to_npu = mechanism.startswith("GN")

@@ -8,6 +8,8 @@ the same run and against the same peer:
 - raw socket throughput: ``sendall`` -> ``recv_into`` of the whole size over loopback TCP,
   the ceiling for any TCP-based transport on this machine;
 - transport throughput: one batch of 16 MiB one-sided reads of the whole size;
+- CPU seconds per GB that both processes spent on each of those two (on a machine with few
+  cores a TCP-based engine that copies through its own buffers is CPU-bound, not link-bound);
 - each mechanism's latency, from the decode side's pull request to the KV cache usable in its
   pool (prefill-side transformation or staging copy, transfer, decode-side re-layout).
 
@@ -71,6 +73,23 @@ def _raw_sender(listener: socket.socket, buf: np.ndarray) -> None:
 
 
 # -- the decode side -------------------------------------------------------------------------
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_gb(pids, fn, nbytes: int, repeats: int) -> tuple[float, float]:
+    """Run ``fn`` (which returns a median time); also the CPU seconds per GB both sides spent."""
+    before = sum(cpu_s(p) for p in pids)
+    median = fn()
+    spent = sum(cpu_s(p) for p in pids) - before
+    return median, spent / ((repeats + 1) * nbytes / 1e9)
+
+
 def raw_socket_s(port: int, nbytes: int, repeats: int) -> float:
     buf = bytearray(nbytes)
     view = memoryview(buf)
@@ -143,15 +162,20 @@ def bench_size(size_mb: float, args, t) -> dict:
         address, nbytes = tuple(hello["address"]), hello["nbytes"]
         req = mechanisms.make_request(int(size_mb * MIB), num_layers=args.num_layers,
                                       seed=args.seed)
-        raw = raw_socket_s(hello["raw_port"], nbytes, args.repeats)
+        pids = (os.getpid(), proc.pid)
+        raw, raw_cpu = cpu_per_gb(pids, lambda: raw_socket_s(hello["raw_port"], nbytes,
+                                                             args.repeats), nbytes, args.repeats)
         probe = mechanisms.MechanismSink("GN-HAWK", t, req)
         with DecodeClient(t, probe, address, token) as client:
-            moved = transport_s(t, client, nbytes, args.repeats)
+            moved, moved_cpu = cpu_per_gb(pids, lambda: transport_s(t, client, nbytes,
+                                                                    args.repeats),
+                                          nbytes, args.repeats)
         probe.close()
         rows = [{"size_mb": size_mb, "mechanism": m,
                  "latency_s": mechanism_s(t, address, token, m, req, args.repeats)}
                 for m in args.mechanisms]
-        return {"rows": rows, "nbytes": nbytes, "raw_socket_s": raw, "transport_s": moved}
+        return {"rows": rows, "nbytes": nbytes, "raw_socket_s": raw, "transport_s": moved,
+                "raw_socket_cpu_s_per_gb": raw_cpu, "transport_cpu_s_per_gb": moved_cpu}
     finally:
         proc.kill()
         proc.wait(timeout=30)
@@ -179,7 +203,9 @@ def run(args) -> dict:
         "largest_transport_gb_per_s": largest["nbytes"] / largest["transport_s"] / 1e9,
         "per_size": [{"size_mb": s, "nbytes": p["nbytes"],
                       "raw_socket_gb_per_s": p["nbytes"] / p["raw_socket_s"] / 1e9,
-                      "transport_gb_per_s": p["nbytes"] / p["transport_s"] / 1e9}
+                      "transport_gb_per_s": p["nbytes"] / p["transport_s"] / 1e9,
+                      "raw_socket_cpu_s_per_gb": p["raw_socket_cpu_s_per_gb"],
+                      "transport_cpu_s_per_gb": p["transport_cpu_s_per_gb"]}
                      for s, p in zip(args.sizes, per_size)],
         "transport": args.transport, "device": args.device, "repeats": args.repeats,
     }
@@ -211,6 +237,10 @@ def format_table(report: dict) -> str:
                  f"{report['largest_size_mb']:g} MB: "
                  f"{report['largest_transport_gb_per_s']:.3f} / "
                  f"{report['largest_raw_socket_gb_per_s']:.3f} GB/s)")
+    last = report["per_size"][-1]
+    lines.append(f"CPU seconds per GB moved, both processes, largest size: raw socket "
+                 f"{last['raw_socket_cpu_s_per_gb']:.3f}, transport "
+                 f"{last['transport_cpu_s_per_gb']:.3f} (on {os.cpu_count()} cores)")
     return "\n".join(lines)
 
 

@@ -125,7 +125,7 @@ def check_block_table(block_table, num_tokens: int, block_size: int, num_blocks:
 def gather_tokens(layer: np.ndarray, spec: GpuKVSpec, block_table, num_tokens: int) -> np.ndarray:
     """One layer's cache (physical shape) -> the request's ``[2, T, H, D]`` K and V."""
     table = check_block_table(block_table, num_tokens, spec.block_size, spec.num_blocks)
-    blocks = layer[:, table]                                   # [2, n, bs, H, D] or [2, n, H, bs, D]
+    blocks = layer[:, table]                            # [2, n, bs, H, D] or [2, n, H, bs, D]
     if spec.order == "HND":
         blocks = blocks.swapaxes(2, 3)                         # [2, n, bs, H, D]
     tokens = blocks.reshape(2, -1, spec.num_kv_heads, spec.head_size)
@@ -194,7 +194,8 @@ class TTKVSpec:
     def tensor_base(self, layer: int, kv: int) -> int:
         """In-bank base address of layer ``layer``'s K (kv=0) or V (kv=1) tensor."""
         if not (0 <= layer < self.num_layers and kv in (0, 1)):
-            raise ValueError(f"layer {layer} / kv {kv} out of range 0..{self.num_layers - 1} / 0..1")
+            raise ValueError(f"layer {layer} / kv {kv} out of range "
+                             f"0..{self.num_layers - 1} / 0..1")
         return (2 * layer + kv) * self.tensor_bank_bytes
 
     def blocks_for(self, num_tokens: int) -> int:

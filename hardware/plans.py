@@ -200,7 +200,7 @@ def single_buffer_plan(req: RequestTransfer, base: int = 0) -> TransferPlan:
 
 
 def host_staged_plan(req: RequestTransfer) -> TransferPlan:
-    """Device to host, one send per tensor into the peer host's buffer, host to device, re-layout."""
+    """Device to host, one send per tensor into the peer host's buffer, host to device, relayout."""
     tensor = req.token_bytes // req.num_tensors
     offsets = np.arange(req.num_tensors, dtype=np.int64) * tensor
     out = req.num_tensors * req.pages_per_tensor * req.tt.page_bytes

@@ -171,7 +171,7 @@ def unpack_tiles(data: np.ndarray, dtype_name: str) -> np.ndarray:
 
 
 def pack(array, dtype_name: str) -> tuple[np.ndarray, tuple[int, ...]]:
-    """Lay ``array`` (rank >= 2) out as ttnn's host TILE buffer: ``(uint8 [bytes], padded shape)``."""
+    """Lay ``array`` (rank >= 2) out as ttnn's host TILE buffer: ``(uint8 bytes, padded shape)``."""
     tile_format(dtype_name)
     x = np.asarray(array, dtype=np.float32)
     return pack_tiles(tilize(x), dtype_name).reshape(-1), padded_shape(x.shape)

@@ -120,7 +120,8 @@ def gather_tt_blocks(layer: torch.Tensor, gpu: GpuKVSpec, block_table: torch.Ten
     tokens = blocks.reshape(2, -1, h, d)[:, :num_tokens]               # [2, T, H, D]
     nb = -(-num_tokens // tt_block_size)
     if nb * tt_block_size != tokens.shape[1]:
-        tokens = torch.nn.functional.pad(tokens, (0, 0, 0, 0, 0, nb * tt_block_size - tokens.shape[1]))
+        extra = nb * tt_block_size - tokens.shape[1]
+        tokens = torch.nn.functional.pad(tokens, (0, 0, 0, 0, 0, extra))   # zero tokens
     return tokens.reshape(2, nb, tt_block_size, h, d).transpose(2, 3)  # [2, nb, H, bs, D]
 
 

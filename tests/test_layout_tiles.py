@@ -88,7 +88,8 @@ def test_bf16_and_f32_round_trip(shape, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(shape=shapes, seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(["bfloat8_b", "bfloat4_b"]))
+@given(shape=shapes, seed=st.integers(0, 2**32 - 1),
+       dtype=st.sampled_from(["bfloat8_b", "bfloat4_b"]))
 def test_block_float_error_bound_and_idempotence(shape, seed, dtype):
     x = _values(shape, seed, 6)
     q = quantize(x, dtype)

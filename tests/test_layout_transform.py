@@ -11,7 +11,7 @@ from hardware import transform
 from hardware.dram import DramConfig, contiguous_runs, page_location
 from hardware.kv_layout import GpuKVSpec, TTKVSpec, gather_tokens, read_tt_tokens
 from hardware.plans import (RequestTransfer, apply_plan, check_disjoint, hawk_plan,
-                            per_page_plan)
+                            hawk_segments, per_page_plan)
 from hardware.tiles import pack as np_pack, quantize
 
 golden = np.load(Path(__file__).parent / "data" / "ttnn-golden.npz")
@@ -146,3 +146,40 @@ def test_hawk_transform_on_cuda_matches_cpu():
     cuda = transform.hawk_transform([x.cuda() for x in layers], req)
     assert cuda.device.type == "cuda"
     assert torch.equal(cuda.cpu(), cpu)
+
+
+@settings(max_examples=10, deadline=None)
+@given(num_tokens=st.integers(1, 130), dtype=st.sampled_from(DTYPES), banks=st.integers(1, 12),
+       order=st.sampled_from(["NHD", "HND"]), seed=st.integers(0, 2**31))
+def test_fused_gather_equals_the_papers_two_steps(num_tokens, dtype, banks, order, seed):
+    req = make_transfer(np.random.default_rng(seed), num_tokens, 2, 48, 16, order, 32, dtype,
+                        banks, alignment=128)
+    layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(seed))
+    gather = transform.prepare(req, "hawk")
+    fused = transform.hawk_transform(layers, req, gather=gather)
+    steps = transform._transform_stepwise(layers, req, hawk_segments(req)[0], req.page_stride)
+    assert torch.equal(fused, steps)
+
+
+def test_transform_fills_a_given_send_buffer():
+    req = make_transfer(np.random.default_rng(8), 40, 1, 64, 16, "NHD", 32, "bfloat16", 5)
+    layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(1))
+    out = torch.full((hawk_plan(req).src_size,), 7, dtype=torch.uint8)
+    assert transform.hawk_transform(layers, req, out=out) is out
+    assert torch.equal(out, transform.hawk_transform(layers, req))
+    with pytest.raises(ValueError, match="send buffer must be"):
+        transform.hawk_transform(layers, req, out=out[1:])
+    with pytest.raises(ValueError, match="'per_block'"):
+        transform.prepare(req, "per_block")
+
+
+def test_benchmark_reports_counts_and_ratios(capsys):
+    from hardware import layout_bench
+    result = layout_bench.run(tokens=256, repeats=1, bench_layers=1, tp=8, dram="wormhole")
+    counts = result["write_counts"]
+    assert counts["hawk"]["per_tensor"] == 12 and counts["per_page"]["per_tensor"] == 32
+    assert counts["per_gpu_block"]["per_tensor"] == 16
+    assert {t["dtype"] for t in result["throughput"]} == {"bfloat16", "bfloat8_b"}
+    assert all(t["ratio"] > 0 for t in result["throughput"])
+    assert layout_bench.main(["--tokens", "128", "--layers", "1", "--repeats", "1", "--json"]) == 0
+    assert '"write_counts"' in capsys.readouterr().out

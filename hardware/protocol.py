@@ -59,18 +59,22 @@ def recv_msg(sock: socket.socket, peer: str) -> dict:
     if n > MAX_MESSAGE:
         raise ProtocolError(f"{peer}: message of {n} B exceeds {MAX_MESSAGE} B")
     try:
-        return json.loads(_recv_exact(sock, n, peer))
+        return json.loads(_recv_exact(sock, n, peer, may_time_out=False))
     except ValueError as e:
         raise ProtocolError(f"{peer}: message is not JSON") from e
 
 
-def _recv_exact(sock: socket.socket, n: int, peer: str) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, peer: str, may_time_out: bool = True) -> bytes:
+    """``n`` bytes; a timeout is raised only before the first byte of a message, so that a
+    message is never half read."""
     buf = bytearray()
     while len(buf) < n:
         try:
             chunk = sock.recv(n - len(buf))
         except socket.timeout as e:
-            raise TransferTimeout(f"{peer}: no answer within {sock.gettimeout()} s") from e
+            if may_time_out and not buf:
+                raise TransferTimeout(f"{peer}: no answer within {sock.gettimeout()} s") from e
+            continue
         except OSError as e:
             raise PeerLost(f"{peer}: connection lost ({e})") from e
         if not chunk:
@@ -330,11 +334,20 @@ class DecodeClient:
         self.send_region = Region.from_wire(hello["region"])
 
     def _call(self, msg: dict) -> dict:
+        """One request and its answer. After a lost or late answer the connection is closed
+        (a late answer would be read as the next one), which also makes the prefill side
+        release what this connection holds."""
+        if self._sock.fileno() < 0:
+            raise PeerLost(f"{self.peer}: connection closed after an earlier failure")
         try:
             send_msg(self._sock, {**msg, "token": self.token})
+            reply = recv_msg(self._sock, self.peer)
+        except (TransferTimeout, PeerLost, ProtocolError):    # TransferTimeout is an OSError
+            self._sock.close()
+            raise
         except OSError as e:
+            self._sock.close()
             raise PeerLost(f"{self.peer}: connection lost sending {msg['op']} ({e})") from e
-        reply = recv_msg(self._sock, self.peer)
         if not reply.get("ok"):
             cls = ERRORS.get(reply.get("error"), ProtocolError)
             raise cls(reply.get("message", f"{self.peer}: {msg['op']} failed"))

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from hardware.plan import TransferPlan
 from hardware.protocol import DecodeClient, PrefillServer, recv_msg, send_msg
 from hardware.transport import (
-    AuthError, ChecksumMismatch, PlanOutOfBounds, SendBufferExhausted, TransferFailed,
+    AuthError, ChecksumMismatch, PeerLost, PlanOutOfBounds, SendBufferExhausted, TransferFailed,
     TransferTimeout, UnknownRequest, make_transport,
 )
 from hardware.transport.buffers import BytesSource, Reservations, StripedSink
@@ -40,8 +40,8 @@ class Cluster:
                                 max_request_bytes=128 * KIB)
         self.clients = []
 
-    def client(self, token=TOKEN, sink=None):
-        c = DecodeClient(self.d, sink or self.sink, self.server.address, token, timeout_s=5)
+    def client(self, token=TOKEN, sink=None, timeout_s=5.0):
+        c = DecodeClient(self.d, sink or self.sink, self.server.address, token, timeout_s)
         self.clients.append(c)
         return c
 
@@ -133,6 +133,24 @@ def test_timeout_releases_both_sides(make_cluster):
     with pytest.raises(TransferTimeout, match="not complete after 0.100 s"):
         c.client().pull("r0", timeout_s=0.1)
     assert not c.server.reserved() and not c.sink.reserved()
+
+
+class SlowSource(BytesSource):
+    def __call__(self, request_id, dest):
+        time.sleep(0.6)
+        return super().__call__(request_id, dest)
+
+
+def test_late_answer_times_out_and_the_prefill_side_still_releases(make_cluster):
+    c = make_cluster(payloads([8 * KIB]))
+    c.server.source = SlowSource(c.server.source.payloads)
+    client = c.client(timeout_s=0.2)
+    with pytest.raises(TransferTimeout, match="no answer within 0.2 s"):
+        client.pull("r0")
+    assert not c.sink.reserved()
+    assert wait_until(lambda: not c.server.reserved())
+    with pytest.raises(PeerLost, match="closed after an earlier failure"):
+        client.pull("r0")
 
 
 def test_failed_transfer_releases_both_sides(make_cluster):

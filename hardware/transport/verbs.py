@@ -8,6 +8,8 @@ a ``VerbsTransport`` raises ``TransportUnavailable`` naming the reason. GPU memo
 tensor is registered as a ``DmaBufMR`` over a dma-buf exported by the CUDA driver, or as a plain
 MR when nvidia-peermem is loaded. pyverbs pitfalls (release 44): keep every WR alive until
 ``post_send`` returns; ``next_wr`` can be set but not read back; signal only a chain's last WR.
+``post`` translates a plan into chains of at most the send-queue depth; ``wait`` posts each
+chain and polls its signaled completion before the next one, so the queue never overflows.
 """
 
 from __future__ import annotations

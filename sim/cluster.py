@@ -78,11 +78,14 @@ def workload_trace(config: RunConfig) -> Trace:
 
 
 def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
-             until: float | None = None, predictors: tuple | None = None) -> RunResult:
+             until: float | None = None, predictors: tuple | None = None,
+             monitor_interval_s: float | None = None) -> RunResult:
     """Run ``trace`` (default: the config's workload) through the configured cluster.
 
     ``until`` cuts the run at that simulated instant (open requests become ``unfinished``).
-    ``predictors`` = (prefill, decode) replaces the roofline predictors (e.g. tables)."""
+    ``predictors`` = (prefill, decode) replaces the roofline predictors (e.g. tables).
+    ``monitor_interval_s`` samples the number of requests in the system at that interval
+    (``stats["in_system"]``: (instant, count) pairs)."""
     config = config or RunConfig()
     trace = trace if trace is not None else workload_trace(config)
     cl = config.cluster
@@ -118,6 +121,9 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                                 on_prefilled=to_decode)
                 for k in range(cl.prefill.num_instances)]
     Router(env, ledger, prefills, decodes, ROUTING[cl.routing], model.max_context)
+    samples: list[tuple[float, int]] = []
+    if monitor_interval_s is not None:
+        env.process(_monitor(env, ledger, monitor_interval_s, samples))
     env.run(until=until)
     records = ledger.frame(cut_at=until)
     wall = time.perf_counter() - wall
@@ -134,5 +140,12 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         "link_bytes": link.bytes_moved,
         "prefill_buffer_blocks": prefill_blocks,
         "decode_capacity_blocks": decode_blocks,
+        "in_system": samples,
     }
     return RunResult(config, records, summary, stats)
+
+
+def _monitor(env, ledger, interval: float, samples: list):
+    while ledger.num_open > 0 or ledger.num_arrived < ledger.n:
+        samples.append((env.now, ledger.num_open))
+        yield env.timeout(interval)

@@ -56,7 +56,7 @@ class InstanceConfig:
     role: str = "instance"
 
     def __post_init__(self) -> None:
-        w = self.role
+        w = f"cluster.{self.role}"
         _check_choice(w, "device", self.device, devices())
         _check_range(w, "tp", self.tp, 1, 64, integer=True)
         _check_range(w, "num_instances", self.num_instances, 1, 4096, integer=True)
@@ -79,10 +79,10 @@ class LinkConfig:
     mechanism: str = "direct_rdma"
 
     def __post_init__(self) -> None:
-        _check_range("link", "bandwidth_gb_s", self.bandwidth_gb_s, 1e-3, 1e5)
-        _check_range("link", "latency_s", self.latency_s, 0.0, 10.0)
-        _check_range("link", "per_request_s", self.per_request_s, 0.0, 60.0)
-        _check_choice("link", "mechanism", self.mechanism, {"direct_rdma"})
+        _check_range("cluster.link", "bandwidth_gb_s", self.bandwidth_gb_s, 1e-3, 1e5)
+        _check_range("cluster.link", "latency_s", self.latency_s, 0.0, 10.0)
+        _check_range("cluster.link", "per_request_s", self.per_request_s, 0.0, 60.0)
+        _check_choice("cluster.link", "mechanism", self.mechanism, {"direct_rdma"})
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,10 @@ class KVLink:
         if generation != self._generation:
             return                  # superseded by a later arrival
         self._advance()
+        # The timer was set for the head's completion, so the head is done whatever rounding
+        # says (large clocks times large bandwidths lose bytes to rounding); others finishing
+        # at the same instant go with it.
+        self._served = max(self._served, self._active[0][0])
         done = []
         tolerance = 1e-9 * max(1.0, self._served)
         while self._active and self._active[0][0] <= self._served + tolerance:

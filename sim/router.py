@@ -38,6 +38,8 @@ class Router:
             delay = arrivals[i] - env.now
             if delay > 0:
                 yield env.timeout(delay)
+            ledger.num_open += 1
+            ledger.num_arrived += 1
             reason = self.reject_reason(i)
             if reason is not None:
                 ledger.fail(i, reason, env.now)

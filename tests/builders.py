@@ -1,0 +1,47 @@
+"""Builders for simulator tests: small clusters and traces with known behaviour."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.config import RunConfig
+from sim.predictor import TablePredictor
+from traces.trace import Trace
+
+
+def make_config(**changes) -> RunConfig:
+    """The default run config with dotted-path changes."""
+    return RunConfig().replace(**changes) if changes else RunConfig()
+
+
+def make_trace(arrivals, prompts, outputs, name: str = "test") -> Trace:
+    return Trace.from_columns(np.asarray(arrivals, dtype=float), prompts, outputs, name=name)
+
+
+def random_trace(rng: np.random.Generator, n: int, rate: float, max_prompt: int = 3000,
+                 max_output: int = 400) -> Trace:
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    prompts = rng.integers(1, max_prompt, n)
+    outputs = rng.integers(1, max_output, n)
+    return make_trace(arrivals, prompts, outputs, name="random")
+
+
+def queue_cluster(prefill_service_per_token: float = 0.0, prefill_fixed_s: float = 0.0,
+                  **changes) -> tuple[RunConfig, tuple]:
+    """A cluster whose only delay is prefill: one request per batch, service time
+    ``fixed + per_token * prompt``; link and decode are (nearly) instantaneous.
+    A single-server FCFS queue, for checks against queueing theory."""
+    config = make_config(**{
+        "cluster.model": "llama-3.1-8b",
+        "cluster.prefill.max_batch_size": 1,
+        "cluster.prefill.max_batch_tokens": 10_000_000,
+        "cluster.link.bandwidth_gb_s": 1e5,
+        "cluster.link.per_request_s": 0.0,
+        "cluster.link.latency_s": 0.0,
+        **changes,
+    })
+    top = 1_000_000
+    prefill = TablePredictor([1, top], [prefill_fixed_s + prefill_service_per_token,
+                                        prefill_fixed_s + prefill_service_per_token * top],
+                             [1, 1000], [0, 1e9], [[1e-9, 1e-9], [1e-9, 1e-9]])
+    return config, (prefill, prefill)

@@ -1,0 +1,71 @@
+"""Configuration: bad values name the field and the allowed range; TOML loading."""
+
+import pytest
+
+from sim.cluster import kv_capacity_blocks, simulate
+from sim.config import ConfigError, RunConfig, from_dict, load_config
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"cluster.prefill.tp": 0}, r"cluster\.prefill\.tp must be an integer in \[1, 64\], got 0"),
+    ({"cluster.decode.max_batch_size": -3}, r"cluster\.decode\.max_batch_size must be .*\[1, "),
+    ({"cluster.decode.device": "a200"}, r"cluster\.decode\.device must be one of \[.*'p150a'"),
+    ({"cluster.decode.kv_dtype": "int3"}, r"cluster\.decode\.kv_dtype must be one of"),
+    ({"cluster.link.bandwidth_gb_s": 0.0}, r"link\.bandwidth_gb_s must be a number in \[0\.001"),
+    ({"workload.rate": -1.0}, r"workload\.rate must be a number in"),
+    ({"workload.name": "chat"}, r"workload\.name must be one of \['chatbot', 'summarization'\]"),
+    ({"slo.ttft_s": float("nan")}, r"slo\.ttft_s must be a number"),
+    ({"cluster.prefill.memory_utilization": 1.5}, r"memory_utilization must be a number in \[0\.05, 1\.0\]"),
+    ({"cluster.routing": "random"}, r"cluster\.routing must be one of \['least_loaded', 'round_robin'\]"),
+    ({"seed": -1}, r"run\.seed must be an integer in \[0, "),
+    ({"cluster.prefill.tp": 2.5}, r"cluster\.prefill\.tp must be an integer"),
+])
+def test_bad_values_name_the_field_and_range(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig().replace(**changes)
+
+
+def test_unknown_keys_are_named():
+    with pytest.raises(ConfigError, match=r"cluster\.decode: unknown key\(s\) \['max_batch'\]"):
+        from_dict({"cluster": {"decode": {"max_batch": 3}}})
+
+
+def test_a_model_that_does_not_fit_the_device_is_refused():
+    config = RunConfig().replace(**{"cluster.decode.weight_format": "bfloat16"})
+    with pytest.raises(ConfigError, match=r"cluster\.decode: Llama 3\.1 70B weights in bfloat16 "
+                                          r"take 141\.1 GB, but 4x .*p150a offer 115\.2 GB"):
+        kv_capacity_blocks(config, config.cluster.decode)
+    with pytest.raises(ConfigError, match="weights"):
+        simulate(config.replace(**{"workload.num_requests": 5}))
+
+
+def test_toml_file_round_trip(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("""
+seed = 4
+[workload]
+name = "summarization"
+rate = 0.25
+num_requests = 50
+[slo]
+ttft_s = 15.0
+[cluster.decode]
+device = "n300"
+tp = 8
+max_batch_size = 16
+kv_dtype = "bfloat8_b"
+weight_format = "tt-mixed"
+""")
+    config = load_config(path)
+    assert config.seed == 4 and config.workload.rate == 0.25
+    assert config.cluster.decode.device == "n300" and config.cluster.decode.tp == 8
+    assert config.cluster.prefill.device == "a100-pcie"      # defaults fill the gaps
+    result = simulate(config)
+    assert result.summary["num_requests"] == 50
+
+
+def test_toml_errors_name_the_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[cluster.prefill]\ntp = 0\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: cluster\.prefill\.tp must be"):
+        load_config(path)

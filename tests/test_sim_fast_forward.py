@@ -1,0 +1,87 @@
+"""Decode fast-forward against the iteration-by-iteration oracle, and the closed forms."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hardware import catalog
+from sim.cluster import make_predictor, simulate
+from sim.predictor import Predictor, TablePredictor
+from tests.builders import make_config, random_trace
+
+INSTANTS = ["prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer_end_at",
+            "first_token_at", "finished_at"]
+
+
+def run_both(config, trace, predictors=None):
+    fast = simulate(config, trace, predictors=predictors).records
+    slow = simulate(config.replace(**{"cluster.fast_forward": False}), trace,
+                    predictors=predictors).records
+    return fast, slow
+
+
+def assert_same_instants(fast, slow):
+    assert (fast["status"] == slow["status"]).all()
+    a, b = fast[INSTANTS].to_numpy(), slow[INSTANTS].to_numpy()
+    assert np.array_equal(np.isnan(a), np.isnan(b))
+    assert np.nanmax(np.abs(a - b)) <= 1e-9
+    assert (fast["decode_instance"] == slow["decode_instance"]).all()
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rate=st.floats(0.3, 4.0),
+       max_batch=st.integers(1, 48), decodes=st.integers(1, 3))
+def test_fast_forward_matches_oracle(seed, rate, max_batch, decodes):
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, 150, rate, max_output=300)
+    config = make_config(**{"cluster.decode.max_batch_size": max_batch,
+                            "cluster.decode.num_instances": decodes})
+    fast, slow = run_both(config, trace)
+    assert (fast["status"] == "ok").all()
+    assert_same_instants(fast, slow)
+
+
+def test_fast_forward_matches_oracle_with_a_table_predictor():
+    config = make_config(**{"cluster.decode.max_batch_size": 16})
+    roofline = make_predictor(config, config.cluster.decode)
+    table = TablePredictor.sample(roofline, [1, 512, 2048, 8192], [1, 4, 16, 64],
+                                  [0, 10_000, 100_000, 1_000_000])
+    trace = random_trace(np.random.default_rng(7), 200, 2.0)
+    fast, slow = run_both(config, trace, predictors=(table, table))
+    assert_same_instants(fast, slow)
+
+
+def test_fast_forward_schedules_far_fewer_decode_timers():
+    config = make_config()
+    trace = random_trace(np.random.default_rng(3), 200, 1.0)
+    fast = simulate(config, trace).stats["decode_iterations"]
+    slow = simulate(config.replace(**{"cluster.fast_forward": False}), trace)
+    assert fast == slow.stats["decode_iterations"]     # same work, counted the same
+
+
+@pytest.mark.parametrize("batch,context,steps", [(1, 10, 1), (8, 7000, 500), (32, 100, 1000),
+                                                 (64, 5_000_000, 300)])
+def test_roofline_closed_form_sums_equal_stepwise_sums(batch, context, steps):
+    config = make_config()
+    for inst in (config.cluster.prefill, config.cluster.decode):
+        p = make_predictor(config, inst)
+        stepwise = np.cumsum([p.decode_step_time(batch, context + i * batch)
+                              for i in range(steps)])
+        assert p.decode_time(batch, context, steps) == pytest.approx(stepwise[-1], rel=1e-12)
+        mid = steps // 2          # between boundaries: exact boundaries tie within rounding
+        middle = (stepwise[mid - 1] + stepwise[mid]) / 2 if steps > 1 else stepwise[0] / 3
+        for elapsed in (0.0, stepwise[0] / 2, middle, stepwise[-1] * 2):
+            assert p.decode_steps_within(batch, context, steps, elapsed) == \
+                Predictor.decode_steps_within(p, batch, context, steps, elapsed)
+
+
+def test_roofline_decode_floor_matches_the_weight_streaming_bound():
+    """At batch 1 and no context, a step is at least the weights / bandwidth floor."""
+    config = make_config()
+    m = catalog.model("llama-3.1-70b")
+    for inst, floor_ms in ((config.cluster.prefill, 18.0), (config.cluster.decode, 22.8)):
+        p = make_predictor(config, inst)
+        dev = catalog.device(inst.device)
+        floor = m.weight_bytes_read_per_step(inst.weight_format) / (4 * dev.memory_bandwidth_gb_s * 1e9)
+        assert floor * 1e3 == pytest.approx(floor_ms, rel=0.02)
+        assert p.decode_step_time(1, 0) > floor

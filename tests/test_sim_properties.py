@@ -1,0 +1,107 @@
+"""Invariants of any run: conservation, timestamp order, capacity, determinism."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from sim.cluster import simulate
+from tests.builders import make_config, make_trace, random_trace
+from traces.schema import Status, read_records, write_records
+
+ORDER = ["arrival_at", "prefill_start_at", "prefill_end_at", "transfer_start_at",
+         "transfer_end_at", "first_token_at", "finished_at"]
+
+
+def check_invariants(trace, records):
+    # conservation: one record per request, each in exactly one final state
+    assert len(records) == len(trace)
+    assert sorted(records["request_id"]) == sorted(trace.request_id.tolist())
+    assert records["status"].isin([s.value for s in Status]).all()
+    ok = records[records["status"] == "ok"]
+    # order of instants for every request that completed
+    times = ok[ORDER].to_numpy()
+    assert not np.isnan(times).any()
+    assert (np.diff(times, axis=1) >= -1e-12).all()
+    assert (ok["num_generated_tokens"] == ok["num_output_tokens"]).all()
+    assert (ok["transfer_end_at"] == ok["first_token_at"]).all()
+    # a rejected request never ran anywhere
+    rejected = records[records["status"].str.startswith("rejected")]
+    assert rejected["prefill_start_at"].isna().all()
+    assert (rejected["num_generated_tokens"] == 0).all()
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rate=st.floats(0.2, 6.0), prefills=st.integers(1, 3),
+       decodes=st.integers(1, 3), batch=st.integers(1, 64), buffer_gb=st.floats(0.0, 3.0))
+def test_every_request_ends_once_in_order(seed, rate, prefills, decodes, batch, buffer_gb):
+    trace = random_trace(np.random.default_rng(seed), 120, rate, max_prompt=9000)
+    config = make_config(**{"cluster.prefill.num_instances": prefills,
+                            "cluster.decode.num_instances": decodes,
+                            "cluster.decode.max_batch_size": batch,
+                            "cluster.prefill.kv_buffer_gb": buffer_gb,
+                            "cluster.prefill.max_batch_tokens": 8192})
+    result = simulate(config, trace)
+    check_invariants(trace, result.records)
+    too_long = trace.num_prompt_tokens > 8192
+    statuses = result.records["status"].to_numpy()
+    assert (statuses[too_long] == "rejected_prompt_too_long").all()
+
+
+def test_decode_back_pressure_reaches_prefill():
+    """A decode pool with room for two requests and a send buffer for three: prefill must
+    wait until decode finishes a request, and nothing is lost."""
+    n = 12
+    trace = make_trace(np.zeros(n), [2000] * n, [50] * n)
+    config = make_config(**{"cluster.prefill.max_batch_size": 1,
+                            "cluster.prefill.kv_buffer_gb": 2.0,     # 3 x 0.66 GB
+                            "cluster.decode.kv_buffer_gb": 0.75})    # 2 x 0.36 GB
+    result = simulate(config, trace)
+    records = result.records.sort_values("request_id")
+    check_invariants(trace, records)
+    assert (records["status"] == "ok").all()
+    first_finish = records["finished_at"].min()
+    prefill_start = records["prefill_start_at"].to_numpy()
+    # 2 pulled by decode + 3 held in the send buffer; the 6th waits for a decode finish
+    assert (prefill_start[:5] < first_finish).all()
+    assert prefill_start[5] >= first_finish
+    # never more than two requests hold decode blocks at once
+    pulled = records["transfer_start_at"].to_numpy()
+    done = records["finished_at"].to_numpy()
+    for t in pulled:
+        assert ((pulled <= t) & (done > t)).sum() <= 2
+
+
+def test_requests_that_can_never_fit_fail_with_named_statuses():
+    config = make_config(**{"cluster.prefill.max_batch_tokens": 4096,
+                            "cluster.decode.kv_buffer_gb": 0.0})
+    trace = make_trace([0.0, 0.1, 0.2, 0.3], [100, 5000, 100, 120_000], [10, 10, 10, 12_000])
+    records = simulate(config, trace).records
+    assert records["status"].tolist() == ["ok", "rejected_prompt_too_long", "ok",
+                                          "rejected_prompt_too_long"]
+    small_decode = make_config(**{"cluster.decode.memory_utilization": 0.4})
+    huge = make_trace([0.0, 1.0], [3000, 100], [120_000, 10])
+    records = simulate(small_decode, huge).records
+    assert records["status"].tolist() == ["rejected_decode_capacity", "ok"]
+
+
+def test_cut_runs_record_unfinished_requests():
+    trace = random_trace(np.random.default_rng(1), 50, 2.0)
+    result = simulate(make_config(), trace, until=10.0)
+    statuses = set(result.records["status"])
+    assert "unfinished" in statuses and len(result.records) == 50
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_same_seed_same_bytes(tmp_path, suffix):
+    config = make_config(**{"workload.num_requests": 300, "seed": 11})
+    paths = []
+    for k in range(2):
+        path = tmp_path / f"run{k}{suffix}"
+        write_records(simulate(config).records, path)
+        paths.append(path)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    other = tmp_path / f"other{suffix}"
+    write_records(simulate(config.replace(seed=12)).records, other)
+    assert other.read_bytes() != paths[0].read_bytes()
+    back = read_records(paths[0])
+    assert len(back) == 300 and set(back["status"]) == {"ok"}

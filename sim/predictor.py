@@ -162,18 +162,21 @@ class RooflinePredictor(Predictor):
                                               m0 + m1 * context, m1 * batch, steps)
 
     def decode_steps_within(self, batch: int, context: int, steps: int, elapsed: float) -> int:
-        if self.decode_time(batch, context, steps) <= elapsed:
-            return steps
-        # Step times never shrink along a run, so elapsed / last step <= j <= elapsed / first.
-        first = self.decode_step_time(batch, context)
-        last = self.decode_step_time(batch, context + batch * (steps - 1))
-        lo = max(0, min(steps, int(elapsed / last)) - 1)
-        hi = min(steps, int(elapsed / first) + 1)
-        while lo > 0 and self.decode_time(batch, context, lo) > elapsed:
-            lo -= 1                           # guards against rounding in the bounds
-        while hi < steps and self.decode_time(batch, context, hi) <= elapsed:
-            hi += 1
-        # invariant: time(lo) <= elapsed < time(hi)
+        const, c0, c1, m0, m1 = self._decode_lines(batch)
+        # Step i costs const + max of two lines in i; estimate j from the line that wins at
+        # the start (exact while it keeps winning), then correct against the closed form.
+        p, q = max((c0 + c1 * context, c1 * batch), (m0 + m1 * context, m1 * batch))
+        a, b = q / 2.0, const + p - q / 2.0            # S(j) = a j^2 + b j on that line
+        root = (-b + math.sqrt(b * b + 4 * a * elapsed)) / (2 * a) if a > 0 else elapsed / b
+        j = min(max(int(root), 0), steps)
+        lo, hi = 0, steps + 1                           # S(lo) <= elapsed < S(hi)
+        if self.decode_time(batch, context, j) <= elapsed:
+            lo = j
+            if j == steps or self.decode_time(batch, context, j + 1) > elapsed:
+                return j                                # the usual case: two evaluations
+            lo = j + 1
+        else:
+            hi = j
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if self.decode_time(batch, context, mid) <= elapsed:
@@ -191,6 +194,11 @@ def _sum_arith(p: float, q: float, lo: int, hi: int) -> float:
 
 def _sum_max_lines(p1: float, q1: float, p2: float, q2: float, k: int) -> float:
     """sum_{i=0}^{k-1} max(p1 + q1 i, p2 + q2 i) in closed form."""
+    last = k - 1
+    if p1 >= p2 and p1 + q1 * last >= p2 + q2 * last:   # line 1 wins throughout
+        return k * p1 + q1 * k * last / 2.0
+    if p2 >= p1 and p2 + q2 * last >= p1 + q1 * last:
+        return k * p2 + q2 * k * last / 2.0
     if q1 == q2:
         return _sum_arith(max(p1, p2), q1, 0, k)
     cross = (p2 - p1) / (q1 - q2)           # line 1 >= line 2 on one side of this point

@@ -1,9 +1,11 @@
 """A prefill instance: FCFS queue, vLLM-like batches, a finite KV send buffer.
 
-``run()`` takes the longest FCFS head that fits the token budget, the batch size and the free
-blocks of the send buffer (``policies.batching``), yields the batch's predicted time, then hands
-every request to the decode side. A request's KV cache stays in the send buffer until the
-decode side has pulled it (``release``), so a slow decode side backs up into prefill.
+Each batch takes the longest FCFS head that fits the token budget, the batch size and the
+free blocks of the send buffer (``policies.batching``), waits the batch's predicted time (one
+timer), then hands every request to the decode side. The instance is driven by callbacks: a
+submit or a buffer release starts the next batch when it is idle. A request's KV cache stays
+in the send buffer until the decode side has pulled it (``release``), so a slow decode side
+backs up into prefill.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ class PrefillInstance:
         self.queued_tokens = 0
         self.busy_time = 0.0
         self.num_batches = 0
-        self._wake: simpy.Event | None = None
-        self.process = env.process(self.run())
+        self._busy = False
 
     def fits(self, prompt_tokens: int) -> bool:
         """Whether a prompt can ever be prefilled here."""
@@ -46,39 +47,43 @@ class PrefillInstance:
         self.queue.append(i)
         self.queued_tokens += self.ledger.prompt[i]
         self.ledger.prefill_instance[i] = self.index
-        self._poke()
+        if not self._busy:
+            self._next_batch()
 
     def release(self, i: int) -> None:
         """The decode side has pulled request ``i``'s KV cache: free its send buffer."""
         self.free_blocks += blocks_for(self.ledger.prompt[i], self.block_size)
-        self._poke()
+        if not self._busy and self.queue:
+            self._next_batch()
 
-    def _poke(self) -> None:
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+    def _next_batch(self) -> None:
+        """Start the next batch if one fits; otherwise stay idle until a submit or release."""
+        queue, prompt = self.queue, self.ledger.prompt
+        take = fcfs_prefill_batch((prompt[i] for i in queue), self.max_batch_size,
+                                  self.max_batch_tokens, self.free_blocks, self.block_size)
+        if take == 0:
+            self._busy = False
+            return
+        self._busy = True
+        batch = [queue.popleft() for _ in range(take)]
+        lens = [prompt[i] for i in batch]
+        self.queued_tokens -= sum(lens)
+        self.free_blocks -= sum(blocks_for(n, self.block_size) for n in lens)
+        start_at = self.env.now
+        for i in batch:
+            self.ledger.prefill_start_at[i] = start_at
+        duration = self.predictor.prefill_time(lens)
+        self.busy_time += duration
+        self.num_batches += 1
+        timer = self.env.timeout(duration)
+        timer.callbacks.append(lambda _ev: self._done(batch))
 
-    def run(self):
-        env, ledger, prompt, queue = self.env, self.ledger, self.ledger.prompt, self.queue
-        while True:
-            take = fcfs_prefill_batch((prompt[i] for i in queue), self.max_batch_size,
-                                      self.max_batch_tokens, self.free_blocks, self.block_size)
-            if take == 0:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-                continue
-            batch = [queue.popleft() for _ in range(take)]
-            lens = [prompt[i] for i in batch]
-            self.queued_tokens -= sum(lens)
-            self.free_blocks -= sum(blocks_for(n, self.block_size) for n in lens)
-            start = env.now
-            for i in batch:
-                ledger.prefill_start_at[i] = start
-            duration = self.predictor.prefill_time(lens)
-            yield env.timeout(duration)
-            self.busy_time += duration
-            self.num_batches += 1
-            now = env.now
-            for i in batch:
-                ledger.prefill_end_at[i] = now
-                self.on_prefilled(i, self)
+    def _done(self, batch: list[int]) -> None:
+        now, end_at = self.env.now, self.ledger.prefill_end_at
+        for i in batch:
+            end_at[i] = now
+        self._busy = False
+        for i in batch:
+            self.on_prefilled(i, self)
+        if not self._busy:
+            self._next_batch()

@@ -85,3 +85,15 @@ def test_roofline_decode_floor_matches_the_weight_streaming_bound():
         floor = m.weight_bytes_read_per_step(inst.weight_format) / (4 * dev.memory_bandwidth_gb_s * 1e9)
         assert floor * 1e3 == pytest.approx(floor_ms, rel=0.02)
         assert p.decode_step_time(1, 0) > floor
+
+
+@pytest.mark.parametrize("batch", [1, 64, 256, 1024])
+def test_steps_within_where_the_winning_line_changes(batch):
+    """Large batches start compute-bound and turn memory-bound as context grows."""
+    config = make_config()
+    p = make_predictor(config, config.cluster.prefill)
+    steps, context = 3000, 1000
+    cum = np.cumsum([p.decode_step_time(batch, context + i * batch) for i in range(steps)])
+    for k in (0, 1, 17, 1500, 2998):
+        elapsed = (cum[k] + cum[k + 1]) / 2
+        assert p.decode_steps_within(batch, context, steps, elapsed) == k + 1

@@ -20,7 +20,7 @@ from pathlib import Path
 from sim.config import ConfigError, RunConfig, load_config
 from traces.workloads import WORKLOADS
 
-EXTRA_COMMANDS = ("traces.commands", "hardware.commands")
+EXTRA_COMMANDS = ("traces.commands", "hardware.commands", "sim.paper_commands")
 
 
 def _config_from_args(args) -> RunConfig:

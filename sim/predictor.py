@@ -52,17 +52,22 @@ class Efficiency:
 
 
 @lru_cache(maxsize=None)
-def load_profile(name: str = "default") -> dict[str, Efficiency]:
-    """Efficiency factors per device key from ``sim/profiles/<name>.toml`` or a file path."""
+def load_profile_table(name: str = "default") -> dict:
+    """The raw tables of profile ``name`` (``sim/profiles/<name>.toml``) or of a TOML path."""
     if name.endswith(".toml"):
         with open(name, "rb") as f:
-            table = tomllib.load(f)
-    else:
-        path = resources.files("sim").joinpath("profiles", f"{name}.toml")
-        if not path.is_file():
-            raise ValueError(f"unknown profile {name!r}")
-        table = tomllib.loads(path.read_text())
-    return {key: Efficiency(**{k: v for k, v in value.items() if k in Efficiency.__dataclass_fields__})
+            return tomllib.load(f)
+    path = resources.files("sim").joinpath("profiles", f"{name}.toml")
+    if not path.is_file():
+        raise ValueError(f"unknown profile {name!r}")
+    return tomllib.loads(path.read_text())
+
+
+def load_profile(name: str = "default") -> dict[str, Efficiency]:
+    """Efficiency factors per device key: the ``[efficiency.<device>]`` tables of a profile."""
+    table = load_profile_table(name).get("efficiency", {})
+    fields = Efficiency.__dataclass_fields__
+    return {key: Efficiency(**{k: v for k, v in value.items() if k in fields})
             for key, value in table.items()}
 
 

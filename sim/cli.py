@@ -101,7 +101,8 @@ def cmd_simulate(args) -> int:
             trace = trace.head(args.num_requests)
         if args.duration is not None:
             trace = trace.until(args.duration)
-    result = simulate(config, trace if trace is not None else workload_trace(config))
+    result = simulate(config, trace if trace is not None else workload_trace(config),
+                      progress=not args.json)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         write_records(result.records, args.out / "records.parquet")

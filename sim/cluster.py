@@ -79,13 +79,14 @@ def workload_trace(config: RunConfig) -> Trace:
 
 def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
              until: float | None = None, predictors: tuple | None = None,
-             monitor_interval_s: float | None = None) -> RunResult:
+             monitor_interval_s: float | None = None, progress: bool = False) -> RunResult:
     """Run ``trace`` (default: the config's workload) through the configured cluster.
 
     ``until`` cuts the run at that simulated instant (open requests become ``unfinished``).
     ``predictors`` = (prefill, decode) replaces the roofline predictors (e.g. tables).
     ``monitor_interval_s`` samples the number of requests in the system at that interval
-    (``stats["in_system"]``: (instant, count) pairs)."""
+    (``stats["in_system"]``: (instant, count) pairs). ``progress`` shows a bar of arrivals
+    on stderr for long runs (100,000 requests or more; only on a terminal)."""
     config = config or RunConfig()
     trace = trace if trace is not None else workload_trace(config)
     cl = config.cluster
@@ -120,11 +121,18 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                                 buffer_blocks=prefill_blocks, block_size=cl.prefill.block_size,
                                 on_prefilled=to_decode)
                 for k in range(cl.prefill.num_instances)]
-    Router(env, ledger, prefills, decodes, ROUTING[cl.routing], model.max_context)
+    bar = None
+    if progress and len(trace) >= 100_000:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(trace), desc="arrivals", unit="req", disable=None, leave=False)
+    Router(env, ledger, prefills, decodes, ROUTING[cl.routing], model.max_context, bar)
     samples: list[tuple[float, int]] = []
     if monitor_interval_s is not None:
         env.process(_monitor(env, ledger, monitor_interval_s, samples))
     env.run(until=until)
+    if bar is not None:
+        bar.close()
     records = ledger.frame(cut_at=until)
     wall = time.perf_counter() - wall
 

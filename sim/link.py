@@ -10,6 +10,7 @@ Pricing is pluggable: ``price(nbytes) -> (fixed_delay_s, wire_bytes)``.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +29,10 @@ class DirectRdma:
 
 
 class KVLink:
+    """Transfers first wait out their fixed delay (``pending``), then share the bandwidth
+    (``active``). Entries are folded into the virtual clock lazily, so one timer -- at the
+    next completion -- is all the link schedules."""
+
     def __init__(self, env: simpy.Environment, bandwidth_bytes_s: float, pricing):
         if not bandwidth_bytes_s > 0:
             raise ValueError(f"link bandwidth must be > 0 bytes/s, got {bandwidth_bytes_s}")
@@ -35,54 +40,72 @@ class KVLink:
         self.bandwidth = bandwidth_bytes_s
         self.pricing = pricing
         self._served = 0.0          # virtual clock: bytes served to each active transfer
-        self._served_at = 0.0       # simulated instant of the last update
+        self._served_at = 0.0       # simulated instant the clock was last brought up to date
+        self._pending: list = []    # heap of (enter_at, seq, wire_bytes, callback, arg)
         self._active: list = []     # heap of (finish_served, seq, callback, arg)
         self._seq = 0
         self._generation = 0
+        self._timer_at = math.inf
         self.bytes_moved = 0.0
         self.busy_time = 0.0        # time with at least one transfer on the wire
 
     @property
     def num_active(self) -> int:
-        return len(self._active)
+        return len(self._active) + len(self._pending)
 
     def start(self, nbytes: int, on_done: Callable[[int], None], arg: int) -> None:
         """Begin a transfer of ``nbytes``; ``on_done(arg)`` runs when it has landed."""
         fixed, wire = self.pricing.price(nbytes)
-        if fixed > 0:
-            ev = self.env.timeout(fixed)
-            ev.callbacks.append(lambda _ev: self._enter(wire, on_done, arg))
-        else:
-            self._enter(wire, on_done, arg)
-
-    def _advance(self) -> None:
-        now = self.env.now
-        if self._active:
-            self._served += (now - self._served_at) * self.bandwidth / len(self._active)
-            self.busy_time += now - self._served_at
-        self._served_at = now
-
-    def _enter(self, wire: float, on_done, arg) -> None:
-        self._advance()
         self._seq += 1
-        heapq.heappush(self._active, (self._served + wire, self._seq, on_done, arg))
+        heapq.heappush(self._pending, (self.env.now + fixed, self._seq, wire, on_done, arg))
         self.bytes_moved += wire
-        self._reschedule()
+        self._advance(self.env.now)
+        self._schedule()
 
-    def _reschedule(self) -> None:
+    def _advance(self, until: float) -> None:
+        """Bring the virtual clock to ``until``, letting pending transfers enter on the way."""
+        pending, active, bw = self._pending, self._active, self.bandwidth
+        while pending and pending[0][0] <= until:
+            enter_at, seq, wire, on_done, arg = heapq.heappop(pending)
+            self._run_clock(enter_at)
+            heapq.heappush(active, (self._served + wire, seq, on_done, arg))
+        self._run_clock(until)
+
+    def _run_clock(self, t: float) -> None:
+        if self._active and t > self._served_at:
+            self._served += (t - self._served_at) * self.bandwidth / len(self._active)
+            self.busy_time += t - self._served_at
+        self._served_at = max(self._served_at, t)
+
+    def _next_completion(self) -> float:
+        """Instant of the next completion, accounting for the pending entries before it."""
+        t, served, n = self._served_at, self._served, len(self._active)
+        head = self._active[0][0] if self._active else math.inf
+        for enter_at, _, wire, _, _ in sorted(self._pending):
+            if n and t + (head - served) * n / self.bandwidth <= enter_at:
+                break
+            if n:
+                served += (enter_at - t) * self.bandwidth / n
+            t, n, head = enter_at, n + 1, min(head, served + wire)
+        return t + max(0.0, head - served) * n / self.bandwidth if n else math.inf
+
+    def _schedule(self) -> None:
+        at = self._next_completion()
+        if at == self._timer_at:
+            return                  # the live timer already fires then
         self._generation += 1
-        if not self._active:
+        self._timer_at = at
+        if at == math.inf:
             return
-        remaining = self._active[0][0] - self._served
-        delay = max(0.0, remaining * len(self._active) / self.bandwidth)
-        ev = self.env.timeout(delay)
         generation = self._generation
-        ev.callbacks.append(lambda _ev: self._on_timer(generation))
+        timer = self.env.timeout(max(0.0, at - self.env.now))
+        timer.callbacks.append(lambda _ev: self._on_timer(generation))
 
     def _on_timer(self, generation: int) -> None:
         if generation != self._generation:
-            return                  # superseded by a later arrival
-        self._advance()
+            return                  # superseded by a later start
+        self._timer_at = math.inf
+        self._advance(self.env.now)
         # The timer was set for the head's completion, so the head is done whatever rounding
         # says (large clocks times large bandwidths lose bytes to rounding); others finishing
         # at the same instant go with it.
@@ -90,9 +113,8 @@ class KVLink:
         done = []
         tolerance = 1e-9 * max(1.0, self._served)
         while self._active and self._active[0][0] <= self._served + tolerance:
-            finish, _, on_done, arg = heapq.heappop(self._active)
-            self._served = max(self._served, finish)
+            _, _, on_done, arg = heapq.heappop(self._active)
             done.append((on_done, arg))
-        self._reschedule()
+        self._schedule()
         for on_done, arg in done:
             on_done(arg)

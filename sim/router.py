@@ -11,8 +11,9 @@ from traces.schema import Status
 
 
 class Router:
-    def __init__(self, env, ledger, prefills, decodes, route, max_context: int):
+    def __init__(self, env, ledger, prefills, decodes, route, max_context: int, progress=None):
         self.env, self.ledger = env, ledger
+        self.progress = progress          # a tqdm bar advanced every 4096 arrivals, or None
         self.prefills, self.decodes = prefills, decodes
         self.route = route
         self.max_context = max_context
@@ -40,6 +41,8 @@ class Router:
                 yield env.timeout(delay)
             ledger.num_open += 1
             ledger.num_arrived += 1
+            if self.progress is not None and i & 4095 == 4095:
+                self.progress.update(4096)
             reason = self.reject_reason(i)
             if reason is not None:
                 ledger.fail(i, reason, env.now)

@@ -1,0 +1,81 @@
+"""The ``hawk`` command line, run in-process through ``sim.cli.main``."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+
+SUMMARY_KEYS = {"num_requests", "num_finished", "num_failed", "slo_attainment", "ttft_p50_s",
+                "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
+                "output_tokens_per_s", "sim_wall_time_s"}
+
+
+def run_json(capsys, *argv):
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_simulate_json_has_the_summary_keys(capsys):
+    summary = run_json(capsys, "simulate", "--num-requests", "200", "--json")
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["num_requests"] == 200
+    assert 0.0 <= summary["slo_attainment"] <= 1.0
+    assert summary["ttft_p50_s"] <= summary["ttft_p90_s"] <= summary["ttft_p99_s"]
+
+
+def test_simulate_default_prints_a_table(capsys):
+    assert main(["simulate", "--num-requests", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "SLO attainment" in out and "p150a" in out and "a100-pcie" in out
+
+
+def test_simulate_writes_records_and_summary(tmp_path, capsys):
+    assert main(["simulate", "--num-requests", "150", "--seed", "3", "--out", str(tmp_path)]) == 0
+    records = pd.read_parquet(tmp_path / "records.parquet")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(records) == 150 == summary["num_requests"]
+    assert (records["status"] == "ok").sum() == summary["num_finished"]
+
+
+def test_summarization_uses_its_own_slos(capsys):
+    summary = run_json(capsys, "simulate", "--workload", "summarization", "--num-requests", "50",
+                       "--json")
+    assert summary["ttft_slo_s"] == 15.0 and summary["tpot_slo_s"] == 0.2
+
+
+def test_duration_bounds_the_arrivals(capsys):
+    summary = run_json(capsys, "simulate", "--duration", "120", "--rate", "1.0", "--json")
+    assert 80 <= summary["num_requests"] <= 170      # Poisson(120), 4 sigma
+
+
+def test_bad_values_exit_2_naming_the_field(capsys):
+    assert main(["simulate", "--rate", "-1"]) == 2
+    assert "workload.rate must be" in capsys.readouterr().err
+
+
+def test_sweep_reports_a_knee(capsys):
+    result = run_json(capsys, "sweep", "--rates", "0.5,4,8", "--num-requests", "300",
+                      "--workers", "1", "--json")
+    rates = [row["rate"] for row in result["rows"]]
+    assert rates == [0.5, 4.0, 8.0]
+    attainment = [row["slo_attainment"] for row in result["rows"]]
+    assert attainment[0] >= 0.9 > attainment[-1]
+    assert result["knee_rate"] in (0.5, 4.0)
+
+
+@pytest.mark.parametrize("text,expected", [("0.1:0.3:0.1", [0.1, 0.2, 0.3]),
+                                           ("1,2", [1.0, 2.0])])
+def test_rate_grids(text, expected):
+    from sim.sweep import parse_rates
+
+    assert parse_rates(text) == pytest.approx(expected)
+
+
+def test_rate_grid_errors_name_the_flag():
+    from sim.config import ConfigError
+    from sim.sweep import parse_rates
+
+    with pytest.raises(ConfigError, match="--rates"):
+        parse_rates("1:0:0.1")

@@ -1,0 +1,44 @@
+"""Metric definitions on tiny hand-made record sets."""
+
+import math
+
+import pytest
+
+from sim import metrics
+from traces.schema import RequestRecord, Status, records_from_list
+
+
+def rec(i, status=Status.OK, arrival=0.0, first=1.0, done=2.0, n=11, **kw):
+    return RequestRecord(i, arrival, 100, n, status, first_token_at=first, finished_at=done,
+                         num_generated_tokens=n if status is Status.OK else 0, **kw)
+
+
+def test_ttft_tpot_definitions():
+    frame = records_from_list([rec(0, arrival=1.0, first=1.5, done=3.5, n=21)])
+    assert metrics.ttft(frame)[0] == pytest.approx(0.5)
+    assert metrics.tpot(frame)[0] == pytest.approx(0.1)         # 2 s over 20 gaps
+
+
+def test_single_token_requests_meet_any_tpot_slo():
+    frame = records_from_list([rec(0, first=0.5, done=0.5, n=1)])
+    assert math.isnan(metrics.tpot(frame)[0])
+    assert metrics.slo_attainment(frame, ttft_slo_s=1.0, tpot_slo_s=1e-9) == 1.0
+
+
+def test_failed_and_unfinished_requests_count_as_misses():
+    frame = records_from_list([
+        rec(0, first=0.1, done=1.1, n=11),                    # meets both
+        rec(1, first=3.0, done=4.0, n=11),                    # TTFT miss
+        rec(2, first=0.1, done=5.1, n=11),                    # TPOT miss (0.5 s)
+        rec(3, status=Status.FAILED_OUT_OF_MEMORY, first=math.nan),
+        rec(4, status=Status.UNFINISHED, first=0.2, done=math.nan),
+    ])
+    assert metrics.slo_attainment(frame, 2.0, 0.2) == pytest.approx(1 / 5)
+    summary = metrics.summarize(frame, 2.0, 0.2)
+    assert summary["num_finished"] == 3
+    assert summary["num_failed"] == 1 and summary["num_unfinished"] == 1
+
+
+def test_knee_is_the_highest_rate_meeting_the_target():
+    assert metrics.knee([0.1, 0.2, 0.3, 0.4], [1.0, 0.95, 0.91, 0.5]) == 0.3
+    assert math.isnan(metrics.knee([0.1, 0.2], [0.5, 0.4]))

@@ -79,3 +79,27 @@ def test_rate_grid_errors_name_the_flag():
 
     with pytest.raises(ConfigError, match="--rates"):
         parse_rates("1:0:0.1")
+
+
+AZURE = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023-conv.csv"
+
+
+@pytest.mark.skipif(not AZURE.exists(), reason="shared/data not beside the repository")
+def test_simulate_replays_a_real_trace(capsys):
+    summary = run_json(capsys, "simulate", "--trace", str(AZURE), "--num-requests", "400",
+                       "--json")
+    assert summary["num_requests"] == 400
+    assert summary["num_finished"] + summary["num_failed"] == 400
+
+
+def test_simulate_names_the_bad_trace_row(tmp_path, capsys):
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.6805900,374,44\n"
+                    "2023-11-16 18:15:47.0000000,abc,10\n"
+                    "2023-11-16 18:15:48.0000000,200,12\n")
+    assert main(["simulate", "--trace", str(path), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "t.csv" in err and "line 3" in err and "ContextTokens" in err
+    summary = run_json(capsys, "simulate", "--trace", str(path), "--skip-bad", "--json")
+    assert summary["num_requests"] == 2

@@ -1,0 +1,255 @@
+"""Decode-side KV memory pools: where a pulled request's KV cache may land, per DRAM bank.
+
+One interface (the decode instance calls it; "who calls what, when"):
+
+- ``try_reserve(request, num_prompt_tokens, num_output_tokens)`` before pulling a request:
+  ``"ok"`` (reserved), ``"wait"`` (not enough free memory now: the request waits, which is
+  back-pressure) or ``"oom"`` (enough memory is free in total but the layout cannot be served:
+  the request fails as ``failed_out_of_memory``; nothing stays reserved).
+- ``relayout_done(request)`` once the KV cache has been re-laid out into its final place (frees
+  a single buffer's staging space; a no-op for the other pools).
+- ``release(request)`` when the request finishes (or fails after reserving).
+- ``fits_ever(num_prompt_tokens, num_output_tokens)``: could an empty pool ever hold it.
+- ``stats()``: per-bank occupancy, imbalance (fullest bank over the mean), peak, counters.
+
+Pools, all in KV blocks of ``block_size`` tokens (prompt + output reserved whole):
+
+- ``BlockPool``: today's behaviour (a GPU paged cache; no banks).
+- ``HawkPool``: HAWK's layout-aware design (PAPER.md 4.2). Per-bank receive buffers are the
+  NPU's interleaved paged cache itself: every block puts one slot in every bank, so banks fill
+  evenly and a reservation only ever waits.
+- ``SingleBufferPool``: the rejected design. Each request's raw KV lands in one linear buffer
+  of the chip's address space, which runs through bank 0, then bank 1, ... (``hardware.
+  allocator.ContiguousAllocator``), until ``relayout_done`` moves it into interleaved blocks,
+  which need a free slot at the same place in *every* bank. Staging loads the low banks
+  unevenly; interleaved slots left free in the other banks cannot be used, and staging runs
+  must be contiguous, so memory fragments until a reservation fails with free room left.
+
+One chip stands for the instance: with tensor parallelism every chip holds the same share of
+every block, so all chips fill alike. A slot is one block's share of one bank.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+OK, WAIT, OOM = "ok", "wait", "oom"
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-int(tokens) // block_size)
+
+
+class BlockPool:
+    """``capacity_blocks`` blocks; a request reserves blocks for prompt + output at once."""
+
+    def __init__(self, capacity_blocks: int, block_size: int):
+        if capacity_blocks < 1 or block_size < 1:
+            raise ValueError(f"capacity_blocks {capacity_blocks} and block_size {block_size} "
+                             f"must be >= 1")
+        self.capacity_blocks, self.block_size = int(capacity_blocks), int(block_size)
+        self.free_blocks = self.capacity_blocks
+        self.held: dict = {}
+        self.peak_blocks = 0
+        self.num_waits = 0
+
+    def blocks_needed(self, num_prompt_tokens: int, num_output_tokens: int) -> int:
+        return _blocks(num_prompt_tokens + num_output_tokens, self.block_size)
+
+    def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
+        return self.blocks_needed(num_prompt_tokens, num_output_tokens) <= self.capacity_blocks
+
+    def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
+        if request in self.held:
+            raise ValueError(f"request {request!r} already holds a reservation")
+        need = self.blocks_needed(num_prompt_tokens, num_output_tokens)
+        if need > self.free_blocks:
+            self.num_waits += 1
+            return WAIT
+        self.free_blocks -= need
+        self.held[request] = need
+        self.peak_blocks = max(self.peak_blocks, self.capacity_blocks - self.free_blocks)
+        return OK
+
+    def relayout_done(self, request) -> None:
+        if request not in self.held:
+            raise ValueError(f"request {request!r} holds no reservation")
+
+    def release(self, request) -> None:
+        if request not in self.held:
+            raise ValueError(f"request {request!r} holds no reservation")
+        self.free_blocks += self.held.pop(request)
+
+    def stats(self) -> dict:
+        used = self.capacity_blocks - self.free_blocks
+        return {"kind": "block", "num_banks": 1, "bank_occupancy": [used / self.capacity_blocks],
+                "imbalance": 1.0, "occupancy": used / self.capacity_blocks,
+                "peak_occupancy": self.peak_blocks / self.capacity_blocks,
+                "num_requests": len(self.held), "num_waits": self.num_waits, "num_oom": 0}
+
+
+class _BankGrid:
+    """``used[bank, slot]``: one chip's banks, each ``slots_per_bank`` block-shares deep."""
+
+    def __init__(self, num_banks: int, slots_per_bank: int, block_size: int):
+        if num_banks < 1 or slots_per_bank < 1 or block_size < 1:
+            raise ValueError(f"num_banks {num_banks}, slots_per_bank {slots_per_bank} and "
+                             f"block_size {block_size} must be >= 1")
+        self.num_banks, self.slots_per_bank = int(num_banks), int(slots_per_bank)
+        self.block_size = int(block_size)
+        self.used = np.zeros((self.num_banks, self.slots_per_bank), dtype=bool)
+        self.blocks: dict = {}          # request -> slot columns of its interleaved blocks
+        self.peak = np.zeros(self.num_banks)
+        self.num_waits = self.num_oom = 0
+
+    def blocks_needed(self, num_prompt_tokens: int, num_output_tokens: int) -> int:
+        return _blocks(num_prompt_tokens + num_output_tokens, self.block_size)
+
+    def _take_columns(self, need: int) -> np.ndarray | None:
+        """Lowest ``need`` slot columns free in every bank, marked used; None if too few."""
+        free = np.flatnonzero(~self.used.any(axis=0))
+        if free.size < need:
+            return None
+        cols = free[:need]
+        self.used[:, cols] = True
+        return cols
+
+    def _note_peak(self) -> None:
+        np.maximum(self.peak, self.used.mean(axis=1), out=self.peak)
+
+    def release(self, request) -> None:
+        if request not in self.blocks:
+            raise ValueError(f"request {request!r} holds no reservation")
+        self.used[:, self.blocks.pop(request)] = False
+
+    def stats(self) -> dict:
+        occ = self.used.mean(axis=1)
+        return {"num_banks": self.num_banks, "bank_occupancy": occ.tolist(),
+                "imbalance": float(occ.max() / occ.mean()) if occ.sum() else 1.0,
+                "occupancy": float(occ.mean()), "peak_occupancy": float(self.peak.mean()),
+                "peak_bank_occupancy": self.peak.tolist(),
+                "interleaved_free_slots": int((~self.used.any(axis=0)).sum()),
+                "num_requests": len(self.blocks), "num_waits": self.num_waits,
+                "num_oom": self.num_oom}
+
+
+class HawkPool(_BankGrid):
+    """Layout-aware per-bank buffers: each block is one slot in every bank; never fails."""
+
+    def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
+        return self.blocks_needed(num_prompt_tokens, num_output_tokens) <= self.slots_per_bank
+
+    def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
+        if request in self.blocks:
+            raise ValueError(f"request {request!r} already holds a reservation")
+        cols = self._take_columns(self.blocks_needed(num_prompt_tokens, num_output_tokens))
+        if cols is None:
+            self.num_waits += 1
+            return WAIT
+        self.blocks[request] = cols
+        self._note_peak()
+        return OK
+
+    def relayout_done(self, request) -> None:
+        if request not in self.blocks:
+            raise ValueError(f"request {request!r} holds no reservation")
+
+    def stats(self) -> dict:
+        return {"kind": "hawk", **super().stats()}
+
+
+class SingleBufferPool(_BankGrid):
+    """One linear staging buffer per request (bank 0 first), re-laid out into interleaved blocks.
+
+    ``staging_slots_per_token``: slots of one bank a prompt token's raw KV takes in the linear
+    buffer (GPU-layout bytes per token per chip over the bytes of one slot).
+    """
+
+    def __init__(self, num_banks: int, slots_per_bank: int, block_size: int,
+                 staging_slots_per_token: float):
+        super().__init__(num_banks, slots_per_bank, block_size)
+        if not staging_slots_per_token > 0:
+            raise ValueError(f"staging_slots_per_token {staging_slots_per_token} must be > 0")
+        self.staging_slots_per_token = float(staging_slots_per_token)
+        self.staging: dict = {}         # request -> (first linear slot, count)
+
+    def staging_needed(self, num_prompt_tokens: int) -> int:
+        return max(1, math.ceil(num_prompt_tokens * self.staging_slots_per_token))
+
+    def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
+        blocks = self.blocks_needed(num_prompt_tokens, num_output_tokens)
+        staging = self.staging_needed(num_prompt_tokens)
+        return blocks * self.num_banks + staging <= self.used.size and (
+            blocks + -(-staging // self.num_banks) <= self.slots_per_bank)
+
+    def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
+        if request in self.blocks:
+            raise ValueError(f"request {request!r} already holds a reservation")
+        blocks = self.blocks_needed(num_prompt_tokens, num_output_tokens)
+        staging = self.staging_needed(num_prompt_tokens)
+        if blocks * self.num_banks + staging > int((~self.used).sum()):
+            self.num_waits += 1
+            return WAIT
+        start = self._first_fit(staging)
+        if start is not None:
+            self.used.reshape(-1)[start:start + staging] = True
+            cols = self._take_columns(blocks)
+            if cols is not None:
+                self.staging[request] = (start, staging)
+                self.blocks[request] = cols
+                self._note_peak()
+                return OK
+            self.used.reshape(-1)[start:start + staging] = False
+        self.num_oom += 1
+        return OOM
+
+    def _first_fit(self, count: int) -> int | None:
+        """Start of the first run of ``count`` free slots in linear (bank-major) order."""
+        free = ~self.used.reshape(-1)
+        edges = np.diff(np.concatenate([[0], free.astype(np.int8), [0]]))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        fit = np.flatnonzero(ends - starts >= count)
+        return int(starts[fit[0]]) if fit.size else None
+
+    def relayout_done(self, request) -> None:
+        if request not in self.blocks:
+            raise ValueError(f"request {request!r} holds no reservation")
+        if request in self.staging:
+            start, count = self.staging.pop(request)
+            self.used.reshape(-1)[start:start + count] = False
+
+    def release(self, request) -> None:
+        if request in self.blocks:
+            self.relayout_done(request)
+        super().release(request)
+
+    def stats(self) -> dict:
+        return {"kind": "single_buffer", "num_staging": len(self.staging), **super().stats()}
+
+
+def make_pool(pool: str, capacity_blocks: int, block_size: int, num_banks: int = 0,
+              staging_slots_per_token: float = 0.0):
+    """The pool a mechanism names (``sim.transfer.Mechanism.pool``) for a decode instance."""
+    if pool == "block" or num_banks < 1:
+        return BlockPool(capacity_blocks, block_size)
+    if pool == "hawk":
+        return HawkPool(num_banks, capacity_blocks, block_size)
+    if pool == "single_buffer":
+        return SingleBufferPool(num_banks, capacity_blocks, block_size, staging_slots_per_token)
+    raise ValueError(f"unknown pool {pool!r}; choose 'block', 'hawk' or 'single_buffer'")
+
+
+def pool_for(config, capacity_blocks: int):
+    """The decode pool of a ``RunConfig``: its mechanism's kind, one chip's banks."""
+    from hardware import catalog
+    from sim.transfer import mechanism
+
+    cl = config.cluster
+    mech = mechanism(cl.link.mechanism)
+    model, dev = catalog.model(cl.model), catalog.device(cl.decode.device)
+    slot_bytes = model.kv_bytes_per_token(cl.decode.kv_dtype) * cl.decode.block_size / max(
+        dev.dram_channels, 1)
+    staging = model.kv_bytes_per_token(cl.prefill.kv_dtype) / slot_bytes
+    return make_pool(mech.pool, capacity_blocks, cl.decode.block_size, dev.dram_channels, staging)

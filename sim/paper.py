@@ -1,0 +1,266 @@
+"""The paper's experiments (PAPER.md 6): Figure 9, Table 1, serving sweeps and Table 8.
+
+Every number comes from the ``paper`` profile (sim/profiles/paper.toml) and the simulator:
+
+- ``figure9``: isolated transfer latency vs size, each mechanism over GG-Host.
+- ``table1``: 4x A100 vs 4x p150a at 512 in / 128 out / batch 32 (roofline predictors).
+- ``serving``: rate sweeps per workload and configuration (``sim.sweep``, in parallel), knee at
+  90% SLO attainment, output throughput there, then power and cost at the knee.
+- ``run_paper``: all of it as one JSON-ready dict, next to the paper's figures (``TARGETS``).
+
+Configurations set ``cluster.link.mechanism`` to a ``sim.transfer.MECHANISMS`` name; where the
+simulator does not accept those names yet (``mechanisms_wired() is False``) the run falls back
+to the direct link with each mechanism's mean fixed cost added per request, and says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hardware import catalog
+from sim import cost as cost_mod
+from sim import power as power_mod
+from sim.config import ConfigError, RunConfig
+from sim.predictor import RooflinePredictor, load_profile, load_profile_table
+from sim.transfer import (MECHANISMS, InstanceFacts, MechanismPricing, isolated_latency,
+                          transfer_params)
+
+PROFILE = "paper"
+MODEL = "llama-3.1-70b"
+WORKLOADS = ("chatbot", "summarization")
+#: configuration -> (decode device, mechanism)
+CONFIGS = {
+    "GG-Host": ("a100-pcie", "GG-Host"),
+    "GN-Host": ("p150a", "GN-Host"),
+    "GG-Direct": ("a100-pcie", "GG-Direct"),
+    "GN-HAWK": ("p150a", "GN-HAWK"),
+    "GGH-Direct": ("ggh", "GG-Direct"),
+    "GN-Direct": ("p150a", "GN-Direct"),
+}
+FIG9_MECHANISMS = ("GG-Host", "GN-Host", "GG-Direct", "GN-HAWK")
+FIG9_SIZES_MB = (10, 20, 40, 80, 160, 320, 640, 1280)
+
+#: PAPER.md section 6 (and 1 for Table 1); NaN = "never reaches 90%"
+TARGETS = {
+    "fig9": {"GN-Host": (8.91, 3.79), "GG-Direct": (0.6630, 0.1477), "GN-HAWK": (0.7725, 0.1469)},
+    "table1": {"prefill_ratio": 2.52, "decode_ratio": 1.16, "decode_power_ratio": 1.39,
+               "decode_cost_ratio": 5.88},
+    "knees": {"chatbot": {"GG-Host": 0.40, "GN-Host": math.nan, "GG-Direct": 0.65,
+                          "GN-HAWK": 0.65}},
+    "throughput_gap": {"chatbot": -0.0048},      # GN-HAWK vs GG-Direct at the knee
+    "efficiency": {"chatbot": {"power_ratio": 1.26, "cost_ratio": 1.72}},
+}
+
+
+def settings(profile: str = PROFILE) -> dict:
+    return load_profile_table(profile)["serving"]
+
+
+def _decode_device(name: str, profile: str) -> str:
+    device = CONFIGS[name][0]
+    return settings(profile)["ggh_decode_device"] if device == "ggh" else device
+
+
+def mechanisms_wired() -> bool:
+    """Whether the simulator accepts the mechanism names of ``sim.transfer``."""
+    try:
+        RunConfig().replace(**{"cluster.link.mechanism": "GN-HAWK"})
+    except ConfigError:
+        return False
+    return True
+
+
+def base_config(name: str, workload: str = "chatbot", profile: str = PROFILE) -> RunConfig:
+    """The run configuration of paper configuration ``name`` (mechanism not yet applied)."""
+    from traces.workloads import WORKLOADS as SPECS
+
+    s, kv = settings(profile), load_profile_table(profile)["kv"]
+    device = _decode_device(name, profile)
+    npu = catalog.device(device).kind == "npu"
+    spec = SPECS[workload]
+    return RunConfig().replace(**{
+        "cluster.profile": profile, "cluster.model": MODEL,
+        "cluster.prefill.device": "a100-pcie", "cluster.prefill.tp": s["tp"],
+        "cluster.prefill.kv_dtype": kv["gpu_kv_dtype"],
+        "cluster.prefill.block_size": s["prefill_block_size"],
+        "cluster.prefill.weight_format": "bfloat16",
+        "cluster.prefill.max_batch_size": s["prefill_max_batch_size"],
+        "cluster.prefill.max_batch_tokens": s["prefill_max_batch_tokens"],
+        "cluster.decode.device": device, "cluster.decode.tp": s["tp"],
+        "cluster.decode.kv_dtype": kv["npu_kv_dtype"] if npu else kv["gpu_kv_dtype"],
+        "cluster.decode.block_size": s["npu_block_size"] if npu else s["prefill_block_size"],
+        "cluster.decode.weight_format": "tt-mixed" if npu else "bfloat16",
+        "cluster.decode.max_batch_size": s["npu_decode_max_batch_size" if npu
+                                           else "gpu_decode_max_batch_size"],
+        "cluster.link.bandwidth_gb_s": transfer_params(profile).nic_bandwidth_gb_s,
+        "workload.name": workload, "slo.ttft_s": spec.ttft_slo_s, "slo.tpot_s": spec.tpot_slo_s,
+    })
+
+
+def serving_config(name: str, workload: str = "chatbot", profile: str = PROFILE,
+                   wired: bool | None = None) -> RunConfig:
+    """``base_config`` with its mechanism: by name when wired, else a direct-link stand-in."""
+    config = base_config(name, workload, profile)
+    mech = CONFIGS[name][1]
+    if wired if wired is not None else mechanisms_wired():
+        return config.replace(**{"cluster.link.mechanism": mech})
+    return config.replace(**{"cluster.link.per_request_s": _mean_fixed_cost(config, mech,
+                                                                            workload)})
+
+
+def _mean_fixed_cost(config: RunConfig, mech: str, workload: str) -> float:
+    """Mean before + after seconds of ``mech`` over the workload's prompt lengths."""
+    import numpy as np
+
+    from traces.workloads import sample_lengths
+
+    pricing = pricing_of(config, mech)
+    prompts, _ = sample_lengths(workload, 2000, np.random.default_rng(0))
+    return float(np.mean([pricing.price(int(p)).before_s + pricing.price(int(p)).after_s
+                          for p in prompts]))
+
+
+def pricing_of(config: RunConfig, mech: str) -> MechanismPricing:
+    cl = config.cluster
+    facts = [InstanceFacts(catalog.device(i.device), i.tp, i.kv_dtype, i.block_size)
+             for i in (cl.prefill, cl.decode)]
+    return MechanismPricing(mech, catalog.model(cl.model), *facts, transfer_params(cl.profile))
+
+
+# -- Figure 9 -----------------------------------------------------------------------------
+def figure9(profile: str = PROFILE, sizes_mb=FIG9_SIZES_MB) -> list[dict]:
+    """Rows (size_mb, mechanism, latency_s, normalized to GG-Host at that size)."""
+    params = transfer_params(profile)
+    per_mb = load_profile_table(profile)["kv"]["figure9_mb"]
+    bpt = load_profile_table(profile)["kv"]["gpu_bytes_per_token"]
+    rows = []
+    for size in sizes_mb:
+        tokens = max(1, round(size * per_mb / bpt))
+        lat = {}
+        for mech in FIG9_MECHANISMS + ("GN-Direct", "GN-PerPage"):
+            name = "GG-Direct" if MECHANISMS[mech].destination == "gpu" else "GN-HAWK"
+            pricing = pricing_of(base_config(name, profile=profile), mech)
+            lat[mech] = isolated_latency(pricing.price(tokens), params.nic_bandwidth_gb_s * 1e9)
+        for mech, value in lat.items():
+            rows.append({"size_mb": size, "mechanism": mech, "tokens": tokens,
+                         "latency_s": value, "normalized": value / lat["GG-Host"]})
+    return rows
+
+
+# -- Table 1 ------------------------------------------------------------------------------
+def _predictor(config: RunConfig, inst) -> RooflinePredictor:
+    eff = load_profile(config.cluster.profile)[inst.device]
+    return RooflinePredictor(catalog.model(config.cluster.model), catalog.device(inst.device),
+                             inst.tp, eff, inst.weight_format, inst.kv_dtype)
+
+
+def table1(profile: str = PROFILE, prompt: int = 512, output: int = 128, batch: int = 32) -> dict:
+    """A100 over p150a: prefill and decode speed; p150a over A100: decode power and cost eff."""
+    table = load_profile_table(profile)
+    gpu = base_config("GG-Direct", profile=profile).cluster.decode
+    npu = base_config("GN-HAWK", profile=profile).cluster.decode
+    cfg = base_config("GG-Direct", profile=profile)
+    budget = settings(profile)["prefill_max_batch_tokens"]
+    per_batch = max(1, budget // prompt)
+    chunks = [min(per_batch, batch - k) for k in range(0, batch, per_batch)]
+    out = {}
+    for key, inst in (("gpu", gpu), ("npu", npu)):
+        pred = _predictor(cfg, inst)
+        out[f"{key}_prefill_s"] = sum(pred.prefill_time([prompt] * n) for n in chunks)
+        steps = output - 1
+        out[f"{key}_decode_s"] = pred.decode_time(batch, batch * (prompt + 1), steps)
+        tps = batch * steps / out[f"{key}_decode_s"]
+        out[f"{key}_decode_tokens_per_s"] = tps
+        out[f"{key}_decode_tokens_per_j"] = tps / power_mod.decode_power_w(table, inst.device,
+                                                                          inst.tp)
+        out[f"{key}_decode_tokens_per_s_per_usd"] = tps / (
+            inst.tp * cost_mod.device_price(table, inst.device))
+    out["prefill_ratio"] = out["npu_prefill_s"] / out["gpu_prefill_s"]
+    out["decode_ratio"] = out["npu_decode_s"] / out["gpu_decode_s"]
+    out["decode_power_ratio"] = out["npu_decode_tokens_per_j"] / out["gpu_decode_tokens_per_j"]
+    out["decode_cost_ratio"] = (out["npu_decode_tokens_per_s_per_usd"]
+                                / out["gpu_decode_tokens_per_s_per_usd"])
+    return out
+
+
+# -- serving ------------------------------------------------------------------------------
+def sweep_settings(workload: str, quick: bool, profile: str = PROFILE) -> dict:
+    s = settings(profile)
+    prefix = "quick_" if quick else ""
+    return {"rates": s[f"{prefix}{workload}_rates"],
+            "seeds": s[f"{prefix}seeds"], "num_requests": s[f"{prefix}num_requests"]}
+
+
+def serving(workload: str, names=tuple(CONFIGS), quick: bool = False, workers: int | None = None,
+            profile: str = PROFILE, wired: bool | None = None) -> dict:
+    """Per configuration: the sweep rows, knee, throughput at the knee, power and cost there."""
+    from sim.sweep import summarize_sweep, sweep
+
+    wired = mechanisms_wired() if wired is None else wired
+    opts = sweep_settings(workload, quick, profile)
+    out = {}
+    for name in names:
+        config = serving_config(name, workload, profile, wired).replace(
+            **{"workload.num_requests": opts["num_requests"]})
+        points = sweep(config, opts["rates"], opts["seeds"], workers=workers, progress=False)
+        summary = summarize_sweep(points)
+        summary["num_failed_out_of_memory"] = sum(
+            p.summary["statuses"].get("failed_out_of_memory", 0) for p in points)
+        summary["at_knee"] = at_rate(config, summary["knee_rate"], opts["seeds"])
+        out[name] = summary
+    return out
+
+
+def at_rate(config: RunConfig, rate: float, seeds) -> dict | None:
+    """Power and cost of ``config`` at ``rate``, averaged over ``seeds`` (None for NaN)."""
+    from sim.cluster import simulate
+
+    if rate is None or math.isnan(rate):
+        return None
+    rows = []
+    profile = load_profile_table(config.cluster.profile)
+    for seed in seeds:
+        run = simulate(config.replace(**{"workload.rate": rate, "seed": seed}))
+        energy = power_mod.run_energy(run.stats, run.summary, config, profile)
+        money = cost_mod.run_cost(run.stats, run.summary, config, profile)
+        rows.append({"output_tokens_per_s": run.summary["output_tokens_per_s"],
+                     "average_power_w": energy["average_power_w"],
+                     "tokens_per_joule": energy["tokens_per_joule"],
+                     "tokens_per_s_per_dollar": money["tokens_per_s_per_dollar"],
+                     "usd_per_request": money["usd_per_request"],
+                     "prefill_utilisation": energy["prefill_utilisation"][0],
+                     "decode_utilisation": energy["decode_utilisation"][0]})
+    return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+
+
+def efficiency(results: dict) -> dict:
+    """Power and cost efficiency of GN-HAWK over GG-Direct and over GGH-Direct at their knees."""
+    out = {}
+    hawk = (results.get("GN-HAWK") or {}).get("at_knee")
+    for base in ("GG-Direct", "GGH-Direct"):
+        ref = (results.get(base) or {}).get("at_knee")
+        key = "" if base == "GG-Direct" else "_vs_ggh"
+        if hawk is None or ref is None:
+            out[f"power_ratio{key}"] = out[f"cost_ratio{key}"] = math.nan
+            continue
+        out[f"power_ratio{key}"] = hawk["tokens_per_joule"] / ref["tokens_per_joule"]
+        out[f"cost_ratio{key}"] = hawk["tokens_per_s_per_dollar"] / ref["tokens_per_s_per_dollar"]
+    return out
+
+
+def run_paper(quick: bool = False, workers: int | None = None, profile: str = PROFILE,
+              workloads=WORKLOADS, names=tuple(CONFIGS)) -> dict:
+    """Every experiment, as the JSON object ``hawk paper --json`` prints."""
+    wired = mechanisms_wired()
+    out = {"profile": profile, "quick": quick, "mechanisms_wired": wired,
+           "fig9": figure9(profile), "table1": table1(profile),
+           "knees": {}, "throughput_at_knee": {}, "efficiency": {}, "sweeps": {}}
+    for workload in workloads:
+        res = serving(workload, names, quick, workers, profile, wired)
+        out["sweeps"][workload] = res
+        out["knees"][workload] = {n: r["knee_rate"] for n, r in res.items()}
+        out["throughput_at_knee"][workload] = {n: r["output_tokens_per_s_at_knee"]
+                                               for n, r in res.items()}
+        out["efficiency"][workload] = efficiency(res)
+    out["targets"] = TARGETS
+    return out

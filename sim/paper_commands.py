@@ -1,0 +1,52 @@
+"""``hawk paper``: reproduce the paper's figures and tables with the ``paper`` profile.
+
+    hawk paper                 full settings; prints the comparison table
+    hawk paper --quick         reduced settings (fewer rates, requests and seeds)
+    hawk paper --json          one JSON object (knees, throughput_at_knee, efficiency, fig9, table1)
+    hawk paper --out DIR       also writes DIR/report.md and the PNG plots
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("paper", help="reproduce the paper's results (paper profile)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--out", type=Path, help="write report.md and plots into this folder")
+    p.add_argument("--quick", action="store_true", help="reduced settings (for CI)")
+    p.add_argument("--workers", type=int, help="parallel processes for the sweeps")
+    p.set_defaults(func=handler)
+
+
+def _clean(value):
+    """JSON-safe: NaN and infinities become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def handler(args) -> int:
+    from sim.paper import run_paper
+    from sim.report import comparison_rows, write_report
+
+    result = run_paper(quick=args.quick, workers=args.workers)
+    if args.out is not None:
+        write_report(result, args.out)
+    if args.json:
+        print(json.dumps(_clean(result)))
+        return 0
+    for what, ours, paper, err in comparison_rows(result):
+        fmt = lambda x: "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
+        err_s = "n/a" if not math.isfinite(err) else f"{100 * err:+.1f}%"
+        print(f"{what:55s} ours {fmt(ours):>9s}  paper {fmt(paper):>9s}  {err_s}")
+    if args.out is not None:
+        print(f"report: {args.out / 'report.md'}")
+    return 0

@@ -1,0 +1,193 @@
+"""The paper report: Markdown tables and PNG plots, every number beside the paper's.
+
+``write_report(result, out_dir)`` takes the dict of ``sim.paper.run_paper`` and writes
+``report.md`` plus Figure 9-13 style plots (matplotlib, Agg backend). Relative error =
+ours / paper - 1; "n/a" where the paper gives no number or says "never".
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def rel_err(ours, paper) -> float:
+    if ours is None or paper is None or not math.isfinite(paper) or paper == 0:
+        return math.nan
+    if not math.isfinite(ours):
+        return math.nan
+    return ours / paper - 1.0
+
+
+def _f(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.1f}%"
+
+
+def comparison_rows(result: dict) -> list[tuple[str, float, float, float]]:
+    """(what, ours, paper, relative error) for every target of PAPER.md section 6."""
+    t, rows = result["targets"], []
+    fig9 = {(r["size_mb"], r["mechanism"]): r["normalized"] for r in result["fig9"]}
+    sizes = sorted({r["size_mb"] for r in result["fig9"]})
+    for mech, (small, large) in t["fig9"].items():
+        for size, paper in ((sizes[0], small), (sizes[-1], large)):
+            ours = fig9.get((size, mech))
+            rows.append((f"Fig 9 {mech}/GG-Host at {size} MB", ours, paper, rel_err(ours, paper)))
+    for key, paper in t["table1"].items():
+        ours = result["table1"][key]
+        rows.append((f"Table 1 {key}", ours, paper, rel_err(ours, paper)))
+    for workload, knees in t["knees"].items():
+        for name, paper in knees.items():
+            ours = result["knees"].get(workload, {}).get(name)
+            rows.append((f"{workload} knee {name} (req/s)", ours, paper, rel_err(ours, paper)))
+    for workload, ratios in t["efficiency"].items():
+        for key, paper in ratios.items():
+            ours = result["efficiency"].get(workload, {}).get(key)
+            rows.append((f"{workload} Table 8 {key}", ours, paper, rel_err(ours, paper)))
+    for workload, paper in t["throughput_gap"].items():
+        tput = result["throughput_at_knee"].get(workload, {})
+        hawk, gg = tput.get("GN-HAWK"), tput.get("GG-Direct")
+        ours = hawk / gg - 1 if hawk and gg else None
+        rows.append((f"{workload} GN-HAWK vs GG-Direct throughput at knee", ours, paper, math.nan))
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = ["# HAWK paper reproduction (simulated)", "",
+             f"Profile `{result['profile']}`; quick settings: {result['quick']}; mechanisms "
+             f"wired into the simulator: {result['mechanisms_wired']}.", "",
+             "## Targets (PAPER.md section 6)", "", "| quantity | ours | paper | rel. error |",
+             "|---|---|---|---|"]
+    for what, ours, paper, err in comparison_rows(result):
+        lines.append(f"| {what} | {_f(ours)} | {_f(paper)} | {_pct(err)} |")
+    lines += ["", "## Figure 9: latency normalised to GG-Host", "",
+              "| size (MB) | " + " | ".join(_mechs(result)) + " |",
+              "|---|" + "---|" * len(_mechs(result))]
+    for size in sorted({r["size_mb"] for r in result["fig9"]}):
+        cells = {r["mechanism"]: r["normalized"] for r in result["fig9"] if r["size_mb"] == size}
+        lines.append(f"| {size} | " + " | ".join(_f(cells[m]) for m in _mechs(result)) + " |")
+    for workload, res in result["sweeps"].items():
+        lines += ["", f"## Serving: {workload}", "",
+                  "| config | knee (req/s) | tokens/s at knee | OOM failures | tokens/J | "
+                  "tokens/s/$ | $/request |", "|---|---|---|---|---|---|---|"]
+        for name, r in res.items():
+            k = r.get("at_knee") or {}
+            lines.append(f"| {name} | {_f(r['knee_rate'])} | "
+                         f"{_f(r['output_tokens_per_s_at_knee'])} | "
+                         f"{r.get('num_failed_out_of_memory', 0)} | {_f(k.get('tokens_per_joule'))} "
+                         f"| {_f(k.get('tokens_per_s_per_dollar'))} | "
+                         f"{_f(k.get('usd_per_request'))} |")
+        eff = result["efficiency"][workload]
+        lines.append("")
+        lines.append("GN-HAWK over GG-Direct: power " + _f(eff.get("power_ratio")) + "x, cost "
+                     + _f(eff.get("cost_ratio")) + "x; over GGH-Direct: power "
+                     + _f(eff.get("power_ratio_vs_ggh")) + "x, cost "
+                     + _f(eff.get("cost_ratio_vs_ggh")) + "x.")
+    lines += ["", "Plots: " + ", ".join(f"`{p}`" for p in PLOTS), ""]
+    return "\n".join(lines)
+
+
+def _mechs(result: dict) -> list[str]:
+    seen: list[str] = []
+    for r in result["fig9"]:
+        if r["mechanism"] not in seen:
+            seen.append(r["mechanism"])
+    return seen
+
+
+PLOTS = ("fig9_transfer.png", "fig10_ttft_{w}.png", "fig11_tpot_{w}.png",
+         "fig12_attainment_{w}.png", "fig13_efficiency.png")
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_fig9(result: dict, path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mech in _mechs(result):
+        rows = [r for r in result["fig9"] if r["mechanism"] == mech]
+        ax.plot([r["size_mb"] for r in rows], [r["normalized"] for r in rows], marker="o",
+                label=mech)
+    for mech, (small, large) in result["targets"]["fig9"].items():
+        sizes = sorted({r["size_mb"] for r in result["fig9"]})
+        ax.scatter([sizes[0], sizes[-1]], [small, large], marker="x", color="black")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("transfer size (MB)")
+    ax.set_ylabel("latency / GG-Host (x = paper)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweeps(result: dict, workload: str, key: str, ylabel: str, path: Path,
+                scale: float = 1.0, line: float | None = None) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, r in result["sweeps"][workload].items():
+        ax.plot([row["rate"] for row in r["rows"]], [scale * row[key] for row in r["rows"]],
+                marker="o", label=name)
+    if line is not None:
+        ax.axhline(line, color="grey", linestyle="--")
+    for name, knee in result["targets"]["knees"].get(workload, {}).items():
+        if math.isfinite(knee) and key == "slo_attainment":
+            ax.axvline(knee, color="black", linestyle=":", alpha=0.4)
+    ax.set_xlabel("rate (req/s)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(workload)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_efficiency(result: dict, path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels, ours, paper = [], [], []
+    for workload, eff in result["efficiency"].items():
+        for key in ("power_ratio", "cost_ratio", "power_ratio_vs_ggh", "cost_ratio_vs_ggh"):
+            labels.append(f"{workload}\n{key}")
+            ours.append(eff.get(key, math.nan))
+            paper.append(result["targets"]["efficiency"].get(workload, {}).get(key, math.nan))
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], ours, width=0.4, label="ours")
+    ax.bar([i + 0.2 for i in x], paper, width=0.4, label="paper")
+    ax.set_xticks(list(x), labels, fontsize=6)
+    ax.set_ylabel("GN-HAWK / baseline")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(result: dict, out_dir) -> Path:
+    """Write report.md and the plots into ``out_dir``; returns the report's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_fig9(result, out / "fig9_transfer.png")
+    for w in result["sweeps"]:
+        plot_sweeps(result, w, "ttft_p90_s", "P90 TTFT (s)", out / f"fig10_ttft_{w}.png")
+        plot_sweeps(result, w, "tpot_p90_s", "P90 TPOT (ms)", out / f"fig11_tpot_{w}.png",
+                    scale=1e3, line=200.0)
+        plot_sweeps(result, w, "slo_attainment", "SLO attainment (%)",
+                    out / f"fig12_attainment_{w}.png", scale=100.0, line=90.0)
+    plot_efficiency(result, out / "fig13_efficiency.png")
+    path = out / "report.md"
+    path.write_text(markdown(result))
+    return path

@@ -1,0 +1,109 @@
+"""Transfer pricing: closed-form counts equal the plans', orderings, host slowdown."""
+
+import numpy as np
+import pytest
+
+from hardware import catalog
+from hardware.catalog import ModelSpec
+from hardware.dram import DramConfig
+from hardware.kv_layout import GpuKVSpec, TTKVSpec
+from hardware.plans import PLAN_BUILDERS, RequestTransfer
+from sim.transfer import (MECHANISMS, InstanceFacts, MechanismPricing, TransferParams,
+                          host_slowdown, isolated_latency, plan_counts, transfer_params)
+
+A100, P150 = catalog.device("a100-pcie"), catalog.device("p150a")
+SMALL = ModelSpec("tiny", "tiny", 2, 256, 4, 8, 128, 512, 1000, 4096)   # 2 layers, 8 KV heads
+BANK = 96 * 1024 + 4096      # small banks so the single buffer crosses bank boundaries
+
+
+def _request(tokens: int, gpu_blocks=None, tt_blocks=None) -> RequestTransfer:
+    g = GpuKVSpec(2, 200, 2, 128, 16, "bfloat16", "HND")
+    tt = TTKVSpec(2, 100, 2, 128, DramConfig(8, bank_bytes=BANK), 32, "bfloat8_b")
+    gb = np.arange(-(-tokens // 16)) if gpu_blocks is None else gpu_blocks
+    tb = np.arange(-(-tokens // 32)) if tt_blocks is None else tt_blocks
+    return RequestTransfer(g, tt, gb, tb, tokens)
+
+
+@pytest.mark.parametrize("tokens", [1, 15, 16, 17, 31, 32, 33, 64, 100, 257, 300])
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_counts_equal_the_plans(name, tokens):
+    mech = MECHANISMS[name]
+    prefill = InstanceFacts(A100, 4, "bfloat16", 16)
+    decode = (InstanceFacts(A100, 4, "bfloat16", 16) if mech.destination == "gpu"
+              else InstanceFacts(P150, 4, "bfloat8_b", 32))
+    plan = PLAN_BUILDERS[mech.plan](_request(tokens))
+    counts = plan_counts(mech, SMALL, prefill, decode, tokens, BANK)
+    assert (counts.num_writes, counts.wire_bytes) == (plan.num_writes, plan.total_bytes)
+
+
+def test_hawk_tt_blocks_offset_keeps_one_write_per_bank():
+    """A contiguous TT run starting mid-row still needs min(N, pages) writes per tensor."""
+    plan = PLAN_BUILDERS["hawk"](_request(200, tt_blocks=np.arange(3, 10)))
+    counts = plan_counts(MECHANISMS["GN-HAWK"], SMALL, InstanceFacts(A100, 4, "bfloat16", 16),
+                         InstanceFacts(P150, 4, "bfloat8_b", 32), 200, BANK)
+    assert counts.num_writes == plan.num_writes
+
+
+def _pricing(name: str, params=None) -> MechanismPricing:
+    model = catalog.model("llama-3.1-70b")
+    mech = MECHANISMS[name]
+    decode = (InstanceFacts(A100, 4, "fp8", 16) if mech.destination == "gpu"
+              else InstanceFacts(P150, 4, "bfloat8_b", 32))
+    return MechanismPricing(name, model, InstanceFacts(A100, 4, "fp8", 16), decode,
+                            params or transfer_params("paper"))
+
+
+@pytest.mark.parametrize("mb", [10, 20, 40, 80, 160, 320, 640, 1280])
+def test_orderings_at_every_size(mb):
+    tokens = mb * 1024 * 1024 // (160 * 1024)
+    bw = transfer_params("paper").nic_bandwidth_gb_s * 1e9
+    lat = {n: isolated_latency(_pricing(n).price(tokens), bw) for n in MECHANISMS}
+    assert lat["GG-Direct"] < lat["GN-HAWK"] < lat["GG-Host"] < lat["GN-Host"]
+    assert lat["GN-HAWK"] < lat["GN-PerPage"] and lat["GN-HAWK"] < lat["GN-Direct"]
+
+
+def test_price_is_memoised_and_consistent():
+    pricing = _pricing("GN-HAWK")
+    first = pricing.price(742)
+    assert pricing.price(742) is first
+    assert first.num_writes == 4 * 160 * 8           # 4 chips x 160 tensors x 8 banks
+    assert first.wire_bytes == pytest.approx(4 * pricing.counts(742).wire_bytes)
+    assert first.after_s == 0 and first.host_cpu_s == 0
+
+
+def test_host_cpu_time_and_slowdown_only_for_host_staged():
+    params = transfer_params("paper")
+    for name, mech in MECHANISMS.items():
+        cost = _pricing(name).price(512)
+        if mech.host_staged:
+            assert cost.host_cpu_s > 0 and host_slowdown(name, params) > 1
+        else:
+            assert cost.host_cpu_s == 0 and host_slowdown(name, params) == 1
+
+
+def test_isolated_latency_is_closed_form():
+    params = TransferParams(request_setup_s=0.001, per_write_s=0.0)
+    cost = _pricing("GG-Direct", params).price(6400)
+    wire = 4 * 160 * 400 * 16 * 2 * 128          # 4 ranks, 160 tensors, 400 blocks of 16 tokens
+    assert cost.wire_bytes == wire
+    assert isolated_latency(cost, 20e9) == pytest.approx(0.001 + wire / 20e9)
+
+
+def test_gn_host_relayout_on_npu_is_priced_too():
+    base = transfer_params("paper")
+    host = _pricing("GN-Host").price(1000)
+    npu = _pricing("GN-Host", TransferParams(**{**base.__dict__, "relayout_at": "npu"})).price(1000)
+    assert npu.after_s != host.after_s and npu.host_cpu_s > 0
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="unknown transfer mechanism"):
+        MechanismPricing("GN-Fast", SMALL, InstanceFacts(A100, 4, "fp8", 16),
+                         InstanceFacts(P150, 4, "bfloat8_b", 32), TransferParams())
+    with pytest.raises(ValueError, match="NPU decode device"):
+        MechanismPricing("GN-HAWK", SMALL, InstanceFacts(A100, 4, "fp8", 16),
+                         InstanceFacts(A100, 4, "fp8", 16), TransferParams())
+    with pytest.raises(ValueError, match="relayout_at"):
+        TransferParams(relayout_at="gpu")
+    with pytest.raises(ValueError, match="host_slowdown"):
+        TransferParams(host_slowdown=0.5)

@@ -1,0 +1,79 @@
+"""Power and cost: hand-computed tiny cases."""
+
+import math
+
+import pytest
+
+from sim.config import RunConfig
+from sim.cost import capital_usd_per_s, capex_usd, run_cost, tokens_per_s_per_dollar
+from sim.power import PowerModel, device_energy_j, power_model, run_energy
+
+PROFILE = {
+    "power": {
+        "a100-pcie": dict(idle_w=50.0, prefill_w=300.0, decode_w=250.0, asic_fraction_idle=0.5,
+                          asic_fraction_prefill=0.8, asic_fraction_decode=0.6),
+        "p150a": dict(idle_w=20.0, prefill_w=150.0, decode_w=100.0, asic_fraction_idle=1.0,
+                      asic_fraction_prefill=1.0, asic_fraction_decode=1.0),
+    },
+    "price": {"a100-pcie": 10000.0, "p150a": 1000.0},
+    "cost": {"model": "amortised", "lifetime_years": 1.0, "usd_per_kwh": 0.1,
+             "hourly_usd": {"a100-pcie": 2.0, "p150a": 0.5}},
+}
+CONFIG = RunConfig()            # 4x A100 prefill, 4x p150a decode
+STATS = {"prefill_busy_s": [40.0], "decode_busy_s": [90.0]}
+SUMMARY = {"simulated_time_s": 100.0, "output_tokens_per_s": 50.0, "num_finished": 20}
+
+
+def test_device_energy_by_phase():
+    a100 = power_model(PROFILE, "a100-pcie")
+    assert a100.asic_w("prefill") == 240.0 and a100.asic_w("idle") == 25.0
+    # 40 s at 240 W + 60 s at 25 W
+    assert device_energy_j(a100, "prefill", 40.0, 100.0) == pytest.approx(9600 + 1500)
+    assert a100.average_w("prefill", 0.4) == pytest.approx(111.0)
+
+
+def test_run_energy_and_tokens_per_joule():
+    e = run_energy(STATS, SUMMARY, CONFIG, PROFILE)
+    prefill = 4 * (40 * 240 + 60 * 25)          # 44,400 J
+    decode = 4 * (90 * 100 + 10 * 20)           # 36,800 J
+    assert e["prefill_energy_j"] == pytest.approx(prefill)
+    assert e["decode_energy_j"] == pytest.approx(decode)
+    assert e["average_power_w"] == pytest.approx((prefill + decode) / 100)
+    assert e["tokens_per_joule"] == pytest.approx(50 * 100 / (prefill + decode))
+    assert e["decode_utilisation"] == [0.9]
+
+
+def test_cost_amortised_and_hourly():
+    assert capex_usd(CONFIG, PROFILE) == 44000.0
+    assert tokens_per_s_per_dollar(SUMMARY, CONFIG, PROFILE) == pytest.approx(50 / 44000)
+    c = run_cost(STATS, SUMMARY, CONFIG, PROFILE)
+    capital = 44000 / (365.25 * 86400) * 100
+    energy = (44400 + 36800) / 3.6e6 * 0.1
+    assert c["capital_usd"] == pytest.approx(capital)
+    assert c["energy_usd"] == pytest.approx(energy)
+    assert c["usd_per_request"] == pytest.approx((capital + energy) / 20)
+    hourly = {**PROFILE, "cost": {**PROFILE["cost"], "model": "hourly"}}
+    assert capital_usd_per_s(CONFIG, hourly) == pytest.approx((4 * 2.0 + 4 * 0.5) / 3600)
+
+
+def test_no_finished_request_gives_nan_cost_per_request():
+    c = run_cost(STATS, {**SUMMARY, "num_finished": 0}, CONFIG, PROFILE)
+    assert math.isnan(c["usd_per_request"])
+
+
+def test_errors_name_the_bad_value():
+    with pytest.raises(ValueError, match="asic_fraction_decode"):
+        PowerModel(50, 300, 250, 0.5, 0.8, 1.5)
+    with pytest.raises(ValueError, match=r"\[power.h100-pcie\]"):
+        power_model(PROFILE, "h100-pcie")
+    with pytest.raises(ValueError, match="'leased'"):
+        capital_usd_per_s(CONFIG, {**PROFILE, "cost": {"model": "leased"}})
+
+
+def test_paper_profile_has_power_and_price_for_its_devices():
+    from sim.predictor import load_profile_table
+
+    table = load_profile_table("paper")
+    for device in ("a100-pcie", "p150a", "h100-pcie"):
+        assert power_model(table, device).asic_w("decode") > 0
+        assert table["price"][device] > 0

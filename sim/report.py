@@ -88,7 +88,8 @@ def markdown(result: dict) -> str:
                      + _f(eff.get("cost_ratio")) + "x; over GGH-Direct: power "
                      + _f(eff.get("power_ratio_vs_ggh")) + "x, cost "
                      + _f(eff.get("cost_ratio_vs_ggh")) + "x.")
-    lines += ["", "Plots: " + ", ".join(f"`{p}`" for p in PLOTS), ""]
+    names = [p.format(w=w) for p in PLOTS for w in result["sweeps"]]
+    lines += ["", "Plots: " + ", ".join(f"`{p}`" for p in dict.fromkeys(names)), ""]
     return "\n".join(lines)
 
 

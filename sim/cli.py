@@ -76,6 +76,9 @@ def format_summary(summary: dict, config: RunConfig) -> str:
         rows.append((f"{name.upper()} p50/p90/p99 (s)", " / ".join(
             _fmt(summary[f"{name}_p{q}_s"]) for q in (50, 90, 99))))
     rows += [("output tokens/s", _fmt(summary["output_tokens_per_s"])),
+             ("tokens per joule", _fmt(summary["tokens_per_joule"])),
+             ("tokens/s per $1k of devices", _fmt(1e3 * summary["tokens_per_s_per_dollar"])),
+             ("$ per successful request", _fmt(summary["usd_per_request"])),
              ("simulated time (s)", _fmt(summary.get("simulated_time_s", math.nan))),
              ("wall time (s)", _fmt(summary.get("sim_wall_time_s", math.nan)))]
     failures = {k: v for k, v in summary["statuses"].items() if k != "ok"}

@@ -18,10 +18,12 @@ from sim import metrics
 from sim.config import ConfigError, InstanceConfig, RunConfig
 from sim.decode import DecodeInstance
 from sim.ledger import Ledger
-from sim.link import DirectRdma, KVLink
+from sim.link import KVLink
+from sim.npu_memory import pool_for
 from sim.predictor import Predictor, RooflinePredictor, load_profile
 from sim.prefill import PrefillInstance
 from sim.router import Router
+from sim.transfer import pricing_for, transfer_params
 from traces.trace import Trace
 from traces.workloads import make_workload
 
@@ -78,12 +80,13 @@ def workload_trace(config: RunConfig) -> Trace:
 
 
 def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
-             until: float | None = None, predictors: tuple | None = None,
+             until: float | None = None, predictors: tuple | None = None, pricing=None,
              monitor_interval_s: float | None = None, progress: bool = False) -> RunResult:
     """Run ``trace`` (default: the config's workload) through the configured cluster.
 
     ``until`` cuts the run at that simulated instant (open requests become ``unfinished``).
-    ``predictors`` = (prefill, decode) replaces the roofline predictors (e.g. tables).
+    ``predictors`` = (prefill, decode) replaces the roofline predictors (e.g. tables);
+    ``pricing`` replaces the mechanism's transfer pricing (``price(num_tokens) -> cost``).
     ``monitor_interval_s`` samples the number of requests in the system at that interval
     (``stats["in_system"]``: (instant, count) pairs). ``progress`` shows a bar of arrivals
     on stderr for long runs (100,000 requests or more; only on a terminal)."""
@@ -95,17 +98,21 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                                                make_predictor(config, cl.decode))
     prefill_blocks = kv_capacity_blocks(config, cl.prefill)
     decode_blocks = kv_capacity_blocks(config, cl.decode)
+    try:
+        pricing = pricing or pricing_for(config)
+    except ValueError as exc:
+        raise ConfigError(f"cluster.link.mechanism: {exc}") from exc
+    bandwidth_gb_s = cl.link.bandwidth_gb_s or transfer_params(cl.profile).nic_bandwidth_gb_s
 
     wall = time.perf_counter()
     env = simpy.Environment()
     ledger = Ledger(trace)
-    link = KVLink(env, cl.link.bandwidth_gb_s * 1e9,
-                  DirectRdma(cl.link.latency_s, cl.link.per_request_s))
+    link = KVLink(env, bandwidth_gb_s * 1e9, cl.link.latency_s)
     decode_route = ROUTING[cl.decode_routing]
     decodes = [DecodeInstance(env, k, ledger, decode_pred, link,
+                              memory=pool_for(config, decode_blocks), pricing=pricing,
                               max_batch_size=cl.decode.max_batch_size,
-                              capacity_blocks=decode_blocks, block_size=cl.decode.block_size,
-                              kv_bytes_per_token=model.kv_bytes_per_token(cl.decode.kv_dtype),
+                              host_slowdown=getattr(pricing, "host_slowdown", 1.0),
                               fast_forward=cl.fast_forward)
                for k in range(cl.decode.num_instances)]
     counter = [0]
@@ -148,9 +155,24 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         "link_bytes": link.bytes_moved,
         "prefill_buffer_blocks": prefill_blocks,
         "decode_capacity_blocks": decode_blocks,
+        "decode_memory": [d.memory.stats() for d in decodes],
         "in_system": samples,
     }
+    summary.update(_power_and_cost(stats, summary, config))
     return RunResult(config, records, summary, stats)
+
+
+def _power_and_cost(stats: dict, summary: dict, config: RunConfig) -> dict:
+    """Power and cost efficiency of the run under its profile (``sim.power``, ``sim.cost``)."""
+    from sim.cost import run_cost
+    from sim.power import run_energy
+
+    energy = run_energy(stats, summary, config)
+    cost = run_cost(stats, summary, config)
+    return {"energy_j": energy["energy_j"], "average_power_w": energy["average_power_w"],
+            "tokens_per_joule": energy["tokens_per_joule"],
+            "tokens_per_s_per_dollar": cost["tokens_per_s_per_dollar"],
+            "usd_per_request": cost["usd_per_request"]}
 
 
 def _monitor(env, ledger, interval: float, samples: list):

@@ -2,8 +2,10 @@
 
 A bad value raises ``ConfigError`` naming the field (dotted path) and the allowed range. The
 default configuration is the paper's Chatbot scenario: Llama 3.1 70B, one prefill instance of
-4x A100 PCIe (TP4), one decode instance of 4x Tenstorrent p150a (TP4), direct RDMA over one
-200 Gb/s HDR InfiniBand NIC, Poisson arrivals at 0.5 req/s, SLOs TTFT 2 s / TPOT 200 ms.
+4x A100 PCIe (TP4), one decode instance of 4x Tenstorrent p150a (TP4), the KV cache moved by
+HAWK (GN-HAWK) over one 200 Gb/s HDR InfiniBand NIC, 8-bit KV (fp8 on the GPU, bfloat8_b on
+the NPU), Poisson arrivals at 0.5 req/s, SLOs TTFT 2 s / TPOT 200 ms, timed by the ``paper``
+profile (``sim/profiles/paper.toml``).
 """
 
 from __future__ import annotations
@@ -71,18 +73,19 @@ class InstanceConfig:
 
 @dataclass(frozen=True)
 class LinkConfig:
-    """The network between prefill and decode instances (one NIC per node)."""
+    """The network between prefill and decode instances and how the KV cache crosses it."""
 
-    bandwidth_gb_s: float = 22.5        # ConnectX-6 HDR, measured RDMA write (FACTS.md section 6)
-    latency_s: float = 2e-6
-    per_request_s: float = 0.002        # transfer engine setup per request (batch submit + completion)
-    mechanism: str = "direct_rdma"
+    mechanism: str = "GN-HAWK"          # a sim.transfer.MECHANISMS name
+    bandwidth_gb_s: float | None = None  # NIC bandwidth; None: the profile's [transfer] NIC
+    latency_s: float = 2e-6             # one-way network latency per transfer
 
     def __post_init__(self) -> None:
-        _check_range("cluster.link", "bandwidth_gb_s", self.bandwidth_gb_s, 1e-3, 1e5)
+        from sim.transfer import MECHANISMS
+
+        if self.bandwidth_gb_s is not None:
+            _check_range("cluster.link", "bandwidth_gb_s", self.bandwidth_gb_s, 1e-3, 1e5)
         _check_range("cluster.link", "latency_s", self.latency_s, 0.0, 10.0)
-        _check_range("cluster.link", "per_request_s", self.per_request_s, 0.0, 60.0)
-        _check_choice("cluster.link", "mechanism", self.mechanism, {"direct_rdma"})
+        _check_choice("cluster.link", "mechanism", self.mechanism, MECHANISMS)
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class SloConfig:
 
 
 def _prefill_default() -> InstanceConfig:
-    return InstanceConfig(device="a100-pcie", role="prefill")
+    return InstanceConfig(device="a100-pcie", max_batch_size=32, kv_dtype="fp8", role="prefill")
 
 
 def _decode_default() -> InstanceConfig:
@@ -132,7 +135,7 @@ class ClusterConfig:
     prefill: InstanceConfig = field(default_factory=_prefill_default)
     decode: InstanceConfig = field(default_factory=_decode_default)
     link: LinkConfig = field(default_factory=LinkConfig)
-    profile: str = "default"
+    profile: str = "paper"
     routing: str = "round_robin"
     decode_routing: str = "least_loaded"
     fast_forward: bool = True           # False: iteration-by-iteration decode (the oracle)

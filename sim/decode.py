@@ -1,19 +1,22 @@
 """A decode instance: pulls KV caches, then continuous batching with fast-forward.
 
 Flow of one request (Algorithm 1 of the paper, decode side):
-1. ``offer``: prefill is done; the request waits in ``pending`` until this instance has the KV
-   blocks for its prompt + output tokens (reserved whole on pull: no preemption).
-2. Pull: the blocks are reserved and the link moves the KV cache; on landing the first token
-   reaches the client, the prefill side frees its send buffer, and the request waits to join.
-3. At the next iteration boundary it joins the batch; after ``n - 1`` iterations it finishes
-   and its blocks are released, which may let the next pending request be pulled.
+1. ``offer``: prefill is done; the request waits in ``pending`` until the instance's memory pool
+   (``sim.npu_memory``) can reserve its KV blocks for prompt + output (no preemption). A pool
+   that has the room in total but cannot lay it out fails the request (out of memory).
+2. Pull: the transfer is priced by the mechanism (``sim.transfer``) and handed to the link.
+   When the bytes have landed the prefill side frees its send buffer; the mechanism's after
+   phase (host-to-device copy, re-layout) follows, during which a host-staged mechanism slows
+   this node's decode steps. Then the KV is in the pool and the first token reaches the client.
+3. At the next iteration boundary the request joins the batch; after ``n - 1`` iterations it
+   finishes and its memory is released, which may let the next pending request be pulled.
 
 Fast-forward (DESIGN.md): between batch changes the batch is fixed, so the instance schedules
 one timer for the ``k`` iterations until the next finish, timed in closed form by the predictor
-(``decode_time``). A request landing mid-run moves the timer to the next iteration boundary
-(``decode_steps_within``), where it joins. With ``fast_forward=False`` every iteration is its
-own timer: the oracle the fast path is tested against. Timers are superseded by bumping a
-generation counter; a stale timer does nothing when it fires.
+(``decode_time``). A request landing mid-run, or a change of host slowdown, moves the timer to
+the next iteration boundary (``decode_steps_within``), where the change takes effect. With
+``fast_forward=False`` every iteration is its own timer: the oracle the fast path is tested
+against. Timers are superseded by bumping a generation counter; a stale one does nothing.
 """
 
 from __future__ import annotations
@@ -23,64 +26,91 @@ from collections import deque
 
 import simpy
 
-from policies.batching import blocks_for, fcfs_decode_admit
+from policies.batching import fcfs_decode_admit
+from traces.schema import Status
 
 
 class DecodeInstance:
     def __init__(self, env: simpy.Environment, index: int, ledger, predictor, link, *,
-                 max_batch_size: int, capacity_blocks: int, block_size: int,
-                 kv_bytes_per_token: float, fast_forward: bool = True):
+                 memory, pricing, max_batch_size: int, host_slowdown: float = 1.0,
+                 fast_forward: bool = True):
         self.env, self.index, self.ledger = env, index, ledger
         self.predictor, self.link = predictor, link
+        self.memory, self.pricing = memory, pricing
         self.max_batch_size = max_batch_size
-        self.capacity_blocks = capacity_blocks
-        self.free_blocks = capacity_blocks
-        self.block_size = block_size
-        self.kv_bytes_per_token = kv_bytes_per_token
+        self.host_slowdown = host_slowdown
         self.fast_forward = fast_forward
-        self.pending: deque = deque()     # (request, prefill instance) awaiting KV blocks
-        self.waiting: deque[int] = deque()  # KV landed, waiting for a batch slot
+        self.pending: deque = deque()     # (request, prefill instance) awaiting memory
+        self.waiting: deque[int] = deque()  # KV in the pool, waiting for a batch slot
         self.running: list = []           # heap of (finish_iteration, request)
-        self.num_assigned = 0             # requests offered and not yet finished
+        self.num_assigned = 0             # requests offered and not yet ended
         self.iteration = 0                # iterations completed since the start of the run
         self._context_base = 0            # total context = base + len(running) * iteration
-        self._sources: dict[int, object] = {}
-        self._plan: tuple | None = None   # (start_at, batch, context, steps) of the live timer
+        self._in_flight: dict[int, tuple] = {}   # request -> (prefill instance, cost)
+        self._host_jobs = 0               # host-staged after phases running on this node
+        self._factor = 1.0                # step-time factor in force (host slowdown)
+        self._plan: tuple | None = None   # (start_at, batch, context, steps, factor)
         self._generation = 0
-        self._join_scheduled = False
+        self._stop_scheduled = False
         self.busy_time = 0.0
         self.num_iterations = 0
 
-    # -- admission and transfer ---------------------------------------------------------
-    def blocks_needed(self, i: int) -> int:
-        return blocks_for(self.ledger.prompt[i] + self.ledger.output[i], self.block_size)
+    @property
+    def load(self) -> int:
+        return self.num_assigned
 
     def fits(self, i: int) -> bool:
-        return self.blocks_needed(i) <= self.capacity_blocks
+        return self.memory.fits_ever(self.ledger.prompt[i], self.ledger.output[i])
 
+    # -- pull and transfer --------------------------------------------------------------
     def offer(self, i: int, source) -> None:
-        """Prefill of ``i`` is done on ``source``; pull its KV cache when blocks allow."""
+        """Prefill of ``i`` is done on ``source``; pull its KV cache when memory allows."""
         self.num_assigned += 1
         self.ledger.decode_instance[i] = self.index
         self.pending.append((i, source))
         self._pull()
 
     def _pull(self) -> None:
-        ledger, now = self.ledger, self.env.now
-        while self.pending and self.blocks_needed(self.pending[0][0]) <= self.free_blocks:
-            i, source = self.pending.popleft()
-            self.free_blocks -= self.blocks_needed(i)
-            self._sources[i] = source
-            nbytes = int(ledger.prompt[i] * self.kv_bytes_per_token)
-            ledger.kv_bytes[i] = nbytes
+        ledger, pending, now = self.ledger, self.pending, self.env.now
+        while pending:
+            i, source = pending[0]
+            verdict = self.memory.try_reserve(i, ledger.prompt[i], ledger.output[i])
+            if verdict == "wait":
+                return
+            pending.popleft()
+            if verdict == "oom":
+                ledger.fail(i, Status.FAILED_OUT_OF_MEMORY, now)
+                source.release(i)
+                self.num_assigned -= 1
+                continue
+            cost = self.pricing.price(ledger.prompt[i])
+            self._in_flight[i] = (source, cost)
+            ledger.kv_bytes[i] = int(cost.wire_bytes)
             ledger.transfer_start_at[i] = now
-            self.link.start(nbytes, self._landed, i)
+            self.link.start(cost.before_s, cost.wire_bytes, self._arrived, i)
+
+    def _arrived(self, i: int) -> None:
+        """The last byte of ``i`` landed: free the sender, then the mechanism's after phase."""
+        source, cost = self._in_flight.pop(i)
+        source.release(i)
+        if cost.after_s <= 0:
+            self._landed(i)
+            return
+        if cost.host_cpu_s > 0:
+            self._host_change(+1)
+        timer = self.env.timeout(cost.after_s)
+        timer.callbacks.append(lambda _ev: self._after_done(i, cost))
+
+    def _after_done(self, i: int, cost) -> None:
+        if cost.host_cpu_s > 0:
+            self._host_change(-1)
+        self._landed(i)
 
     def _landed(self, i: int) -> None:
         ledger, now = self.ledger, self.env.now
+        self.memory.relayout_done(i)
         ledger.transfer_end_at[i] = now
         ledger.first_token_at[i] = now
-        self._sources.pop(i).release(i)
         if ledger.output[i] == 1:
             self._finish(i, now)
             self._pull()
@@ -88,26 +118,35 @@ class DecodeInstance:
         self.waiting.append(i)
         if self._plan is None:
             self._boundary(0)
-        elif (self.fast_forward and not self._join_scheduled
-              and len(self.running) < self.max_batch_size):
-            self._schedule_join(now)
+        elif len(self.running) < self.max_batch_size:
+            self._stop_at_next_boundary()
 
     def _finish(self, i: int, now: float) -> None:
         self.ledger.finish(i, now)
-        self.free_blocks += self.blocks_needed(i)
+        self.memory.release(i)
         self.num_assigned -= 1
 
+    def _host_change(self, delta: int) -> None:
+        self._host_jobs += delta
+        factor = self.host_slowdown if self._host_jobs else 1.0
+        if factor != self._factor:
+            self._factor = factor
+            if self._plan is not None:
+                self._stop_at_next_boundary()
+
     # -- the batch loop -----------------------------------------------------------------
-    def _schedule_join(self, now: float) -> None:
-        """A request landed mid-run: stop the run at the next iteration boundary."""
-        start, batch, context, steps = self._plan
-        done = self.predictor.decode_steps_within(batch, context, steps, now - start)
-        if done < steps and start + self.predictor.decode_time(batch, context, done) >= now:
+    def _stop_at_next_boundary(self) -> None:
+        """End the live run at the next iteration boundary, where a change takes effect."""
+        if self._stop_scheduled or not self.fast_forward:
+            return                                     # the oracle stops at every boundary
+        self._stop_scheduled = True
+        start, batch, context, steps, factor = self._plan
+        now, predictor = self.env.now, self.predictor
+        done = predictor.decode_steps_within(batch, context, steps, (now - start) / factor)
+        if done < steps and start + factor * predictor.decode_time(batch, context, done) >= now:
             self._retime(done, now)                    # a boundary falls exactly now
         elif done + 1 < steps:
-            at = start + self.predictor.decode_time(batch, context, done + 1)
-            self._retime(done + 1, at)
-        self._join_scheduled = True
+            self._retime(done + 1, start + factor * predictor.decode_time(batch, context, done + 1))
 
     def _retime(self, steps: int, at: float) -> None:
         self._generation += 1
@@ -138,19 +177,15 @@ class DecodeInstance:
             ledger.join_iteration[i] = it
             self._context_base += ledger.prompt[i] + 1 - it
             heapq.heappush(running, (it + ledger.output[i] - 1, i))
-        self._join_scheduled = False
+        self._stop_scheduled = False
         if running:
-            batch = len(running)
-            steps = 1 if not self.fast_forward else running[0][0] - it
+            batch, factor = len(running), self._factor
+            steps = running[0][0] - it if self.fast_forward else 1
             context = self._context_base + batch * it
-            self._plan = (now, batch, context, steps)
-            self._retime(steps, now + self.predictor.decode_time(batch, context, steps))
+            self._plan = (now, batch, context, steps, factor)
+            self._retime(steps, now + factor * self.predictor.decode_time(batch, context, steps))
         else:
             self._plan = None
             self._generation += 1
         if freed:
             self._pull()
-
-    @property
-    def load(self) -> int:
-        return self.num_assigned

@@ -11,21 +11,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import simpy
-
-
-@dataclass(frozen=True)
-class DirectRdma:
-    """One-sided RDMA writes straight between device memories: fixed cost + bytes on the wire."""
-
-    latency_s: float
-    per_request_s: float
-
-    def price(self, nbytes: int) -> tuple[float, float]:
-        return self.latency_s + self.per_request_s, float(nbytes)
 
 
 class KVLink:
@@ -33,12 +21,12 @@ class KVLink:
     (``active``). Entries are folded into the virtual clock lazily, so one timer -- at the
     next completion -- is all the link schedules."""
 
-    def __init__(self, env: simpy.Environment, bandwidth_bytes_s: float, pricing):
+    def __init__(self, env: simpy.Environment, bandwidth_bytes_s: float, latency_s: float = 0.0):
         if not bandwidth_bytes_s > 0:
             raise ValueError(f"link bandwidth must be > 0 bytes/s, got {bandwidth_bytes_s}")
         self.env = env
         self.bandwidth = bandwidth_bytes_s
-        self.pricing = pricing
+        self.latency_s = latency_s
         self._served = 0.0          # virtual clock: bytes served to each active transfer
         self._served_at = 0.0       # simulated instant the clock was last brought up to date
         self._pending: list = []    # heap of (enter_at, seq, wire_bytes, callback, arg)
@@ -53,11 +41,14 @@ class KVLink:
     def num_active(self) -> int:
         return len(self._active) + len(self._pending)
 
-    def start(self, nbytes: int, on_done: Callable[[int], None], arg: int) -> None:
-        """Begin a transfer of ``nbytes``; ``on_done(arg)`` runs when it has landed."""
-        fixed, wire = self.pricing.price(nbytes)
+    def start(self, before_s: float, wire_bytes: float, on_done: Callable[[int], None],
+              arg: int) -> None:
+        """Begin a transfer: ``before_s`` of source-side work, then ``wire_bytes`` through the
+        shared NIC; ``on_done(arg)`` runs when the last byte has landed."""
         self._seq += 1
-        heapq.heappush(self._pending, (self.env.now + fixed, self._seq, wire, on_done, arg))
+        wire = float(wire_bytes)
+        heapq.heappush(self._pending, (self.env.now + before_s + self.latency_s, self._seq, wire,
+                                       on_done, arg))
         self.bytes_moved += wire
         self._advance(self.env.now)
         self._schedule()

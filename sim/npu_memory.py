@@ -31,6 +31,7 @@ every block, so all chips fill alike. A slot is one block's share of one bank.
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -136,7 +137,15 @@ class _BankGrid:
 
 
 class HawkPool(_BankGrid):
-    """Layout-aware per-bank buffers: each block is one slot in every bank; never fails."""
+    """Layout-aware per-bank buffers: each block is one slot in every bank; never fails.
+
+    Whole slot columns are taken and freed, so free columns are kept in a heap (lowest first)
+    and peaks are counted: a reservation costs O(blocks log slots), not a scan of the grid."""
+
+    def __init__(self, num_banks: int, slots_per_bank: int, block_size: int):
+        super().__init__(num_banks, slots_per_bank, block_size)
+        self._free_columns = list(range(self.slots_per_bank))   # a heap
+        self._peak_columns = 0
 
     def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
         return self.blocks_needed(num_prompt_tokens, num_output_tokens) <= self.slots_per_bank
@@ -144,13 +153,24 @@ class HawkPool(_BankGrid):
     def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
         if request in self.blocks:
             raise ValueError(f"request {request!r} already holds a reservation")
-        cols = self._take_columns(self.blocks_needed(num_prompt_tokens, num_output_tokens))
-        if cols is None:
+        need = self.blocks_needed(num_prompt_tokens, num_output_tokens)
+        if need > len(self._free_columns):
             self.num_waits += 1
             return WAIT
+        cols = np.array([heapq.heappop(self._free_columns) for _ in range(need)], dtype=np.int64)
+        self.used[:, cols] = True
         self.blocks[request] = cols
-        self._note_peak()
+        used = self.slots_per_bank - len(self._free_columns)
+        if used > self._peak_columns:
+            self._peak_columns = used
+            self.peak[:] = used / self.slots_per_bank
         return OK
+
+    def release(self, request) -> None:
+        cols = self.blocks.get(request)
+        super().release(request)
+        for c in cols.tolist():
+            heapq.heappush(self._free_columns, c)
 
     def relayout_done(self, request) -> None:
         if request not in self.blocks:

@@ -52,7 +52,7 @@ class Efficiency:
 
 
 @lru_cache(maxsize=None)
-def load_profile_table(name: str = "default") -> dict:
+def load_profile_table(name: str = "paper") -> dict:
     """The raw tables of profile ``name`` (``sim/profiles/<name>.toml``) or of a TOML path."""
     if name.endswith(".toml"):
         with open(name, "rb") as f:
@@ -63,7 +63,7 @@ def load_profile_table(name: str = "default") -> dict:
     return tomllib.loads(path.read_text())
 
 
-def load_profile(name: str = "default") -> dict[str, Efficiency]:
+def load_profile(name: str = "paper") -> dict[str, Efficiency]:
     """Efficiency factors per device key: the ``[efficiency.<device>]`` tables of a profile."""
     table = load_profile_table(name).get("efficiency", {})
     fields = Efficiency.__dataclass_fields__

@@ -6,6 +6,7 @@ import numpy as np
 
 from sim.config import RunConfig
 from sim.predictor import TablePredictor
+from sim.transfer import TransferCost
 from traces.trace import Trace
 
 
@@ -26,17 +27,26 @@ def random_trace(rng: np.random.Generator, n: int, rate: float, max_prompt: int 
     return make_trace(arrivals, prompts, outputs, name="random")
 
 
+class FreeTransfer:
+    """A transfer pricing with no cost at all (the link's bandwidth still applies)."""
+
+    host_slowdown = 1.0
+
+    def price(self, num_tokens: int) -> TransferCost:
+        return TransferCost(0.0, float(num_tokens), 0.0, 0.0, 1)
+
+
 def queue_cluster(prefill_service_per_token: float = 0.0, prefill_fixed_s: float = 0.0,
-                  **changes) -> tuple[RunConfig, tuple]:
+                  **changes) -> tuple[RunConfig, dict]:
     """A cluster whose only delay is prefill: one request per batch, service time
     ``fixed + per_token * prompt``; link and decode are (nearly) instantaneous.
-    A single-server FCFS queue, for checks against queueing theory."""
+    A single-server FCFS queue, for checks against queueing theory. Returns the config and the
+    keyword arguments for ``simulate``."""
     config = make_config(**{
         "cluster.model": "llama-3.1-8b",
         "cluster.prefill.max_batch_size": 1,
         "cluster.prefill.max_batch_tokens": 10_000_000,
         "cluster.link.bandwidth_gb_s": 1e5,
-        "cluster.link.per_request_s": 0.0,
         "cluster.link.latency_s": 0.0,
         **changes,
     })
@@ -44,4 +54,4 @@ def queue_cluster(prefill_service_per_token: float = 0.0, prefill_fixed_s: float
     prefill = TablePredictor([1, top], [prefill_fixed_s + prefill_service_per_token,
                                         prefill_fixed_s + prefill_service_per_token * top],
                              [1, 1000], [0, 1e9], [[1e-9, 1e-9], [1e-9, 1e-9]])
-    return config, (prefill, prefill)
+    return config, {"predictors": (prefill, prefill), "pricing": FreeTransfer()}

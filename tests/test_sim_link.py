@@ -3,19 +3,19 @@
 import pytest
 import simpy
 
-from sim.link import DirectRdma, KVLink
+from sim.link import KVLink
 
 GB = 1e9
 
 
 def run_transfers(starts, sizes, bandwidth=10 * GB, fixed=0.0):
     env = simpy.Environment()
-    link = KVLink(env, bandwidth, DirectRdma(latency_s=fixed, per_request_s=0.0))
+    link = KVLink(env, bandwidth, latency_s=fixed)
     done = {}
 
     def starter(k, at, size):
         yield env.timeout(at)
-        link.start(size, lambda i: done.__setitem__(i, env.now), k)
+        link.start(0.0, size, lambda i: done.__setitem__(i, env.now), k)
 
     for k, (at, size) in enumerate(zip(starts, sizes)):
         env.process(starter(k, at, size))
@@ -48,4 +48,4 @@ def test_processor_sharing_with_staggered_arrivals():
 
 def test_bad_bandwidth_is_refused():
     with pytest.raises(ValueError, match="bandwidth must be > 0"):
-        KVLink(simpy.Environment(), 0.0, DirectRdma(0.0, 0.0))
+        KVLink(simpy.Environment(), 0.0)

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from hardware import catalog
 from sim.cluster import simulate
+from sim.predictor import TablePredictor
 from tests.builders import make_config, make_trace, random_trace
 from traces.schema import Status, read_records, write_records
 
@@ -52,10 +54,15 @@ def test_decode_back_pressure_reaches_prefill():
     wait until decode finishes a request, and nothing is lost."""
     n = 12
     trace = make_trace(np.zeros(n), [2000] * n, [50] * n)
-    config = make_config(**{"cluster.prefill.max_batch_size": 1,
-                            "cluster.prefill.kv_buffer_gb": 2.0,     # 3 x 0.66 GB
-                            "cluster.decode.kv_buffer_gb": 0.75})    # 2 x 0.36 GB
-    result = simulate(config, trace)
+    base = make_config(**{"cluster.prefill.max_batch_size": 1})
+    model = catalog.model(base.cluster.model)
+    per_prefill = 2000 * model.kv_bytes_per_token(base.cluster.prefill.kv_dtype) / 1e9
+    per_decode = 2080 * model.kv_bytes_per_token(base.cluster.decode.kv_dtype) / 1e9
+    config = base.replace(**{"cluster.prefill.kv_buffer_gb": 3.5 * per_prefill,
+                             "cluster.decode.kv_buffer_gb": 2.5 * per_decode})
+    # prefill 0.1 s per request, decode 50 ms per step: a request decodes for ~2.5 s
+    table = TablePredictor([1, 10_000], [0.1, 0.1], [1, 64], [0, 1e7], [[0.05, 0.05]] * 2)
+    result = simulate(config, trace, predictors=(table, table))
     records = result.records.sort_values("request_id")
     check_invariants(trace, records)
     assert (records["status"] == "ok").all()

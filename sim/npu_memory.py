@@ -31,7 +31,6 @@ every block, so all chips fill alike. A slot is one block's share of one bank.
 
 from __future__ import annotations
 
-import heapq
 import math
 
 import numpy as np
@@ -136,48 +135,28 @@ class _BankGrid:
                 "num_oom": self.num_oom}
 
 
-class HawkPool(_BankGrid):
+class HawkPool(BlockPool):
     """Layout-aware per-bank buffers: each block is one slot in every bank; never fails.
 
-    Whole slot columns are taken and freed, so free columns are kept in a heap (lowest first)
-    and peaks are counted: a reservation costs O(blocks log slots), not a scan of the grid."""
+    Every block puts the same share in each of ``num_banks`` banks, so the banks fill evenly
+    and which slots a request gets does not matter: counting blocks is exact, and per-bank
+    occupancy is the pool's occupancy in every bank."""
 
     def __init__(self, num_banks: int, slots_per_bank: int, block_size: int):
-        super().__init__(num_banks, slots_per_bank, block_size)
-        self._free_columns = list(range(self.slots_per_bank))   # a heap
-        self._peak_columns = 0
-
-    def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
-        return self.blocks_needed(num_prompt_tokens, num_output_tokens) <= self.slots_per_bank
-
-    def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
-        if request in self.blocks:
-            raise ValueError(f"request {request!r} already holds a reservation")
-        need = self.blocks_needed(num_prompt_tokens, num_output_tokens)
-        if need > len(self._free_columns):
-            self.num_waits += 1
-            return WAIT
-        cols = np.array([heapq.heappop(self._free_columns) for _ in range(need)], dtype=np.int64)
-        self.used[:, cols] = True
-        self.blocks[request] = cols
-        used = self.slots_per_bank - len(self._free_columns)
-        if used > self._peak_columns:
-            self._peak_columns = used
-            self.peak[:] = used / self.slots_per_bank
-        return OK
-
-    def release(self, request) -> None:
-        cols = self.blocks.get(request)
-        super().release(request)
-        for c in cols.tolist():
-            heapq.heappush(self._free_columns, c)
-
-    def relayout_done(self, request) -> None:
-        if request not in self.blocks:
-            raise ValueError(f"request {request!r} holds no reservation")
+        if num_banks < 1:
+            raise ValueError(f"num_banks {num_banks} must be >= 1")
+        super().__init__(slots_per_bank, block_size)
+        self.num_banks, self.slots_per_bank = int(num_banks), int(slots_per_bank)
 
     def stats(self) -> dict:
-        return {"kind": "hawk", **super().stats()}
+        used = (self.capacity_blocks - self.free_blocks) / self.capacity_blocks
+        peak = self.peak_blocks / self.capacity_blocks
+        return {"kind": "hawk", "num_banks": self.num_banks,
+                "bank_occupancy": [used] * self.num_banks, "imbalance": 1.0,
+                "occupancy": used, "peak_occupancy": peak,
+                "peak_bank_occupancy": [peak] * self.num_banks,
+                "interleaved_free_slots": self.free_blocks, "num_requests": len(self.held),
+                "num_waits": self.num_waits, "num_oom": 0}
 
 
 class SingleBufferPool(_BankGrid):

@@ -97,9 +97,8 @@ def test_single_buffer_fails_under_serving_load_hawk_does_not():
     assert hawk_out["oom"] == 0 and hawk_out["ok"] == 1500 and not hawk_left
     peak = hawk.stats()["peak_bank_occupancy"]
     assert max(peak) == pytest.approx(min(peak))              # HAWK fills banks evenly
-    for pool in (single, hawk):                               # leak check
-        assert not pool.used.any() and not pool.blocks
-    assert not single.staging
+    assert not single.used.any() and not single.blocks and not single.staging   # leak check
+    assert not hawk.held and hawk.stats()["occupancy"] == 0
 
 
 def test_make_pool_follows_the_mechanism():

@@ -7,6 +7,14 @@ Per layer, K and V together, on the prefill GPU (or CPU when there is none):
   bank, so each bank's pages are one contiguous segment of the send buffer.
 The send buffer's layout is the source side of ``hardware.plans.hawk_plan`` for the same
 request. Only device-agnostic torch ops are used, so a CUDA cache is transformed on the GPU.
+
+How it runs (head size a multiple of 32): one ``index_select`` of 16-token pieces (long
+contiguous copies) builds the request's tokens; one strided ``copy_`` then tilizes them and,
+where a run's send rows are affine in the tile coordinates (a run that starts at bank 0 and
+fills whole bank rows), regroups them by bank in the same copy; otherwise the page-ordered
+tiles are reordered with one ``index_select`` of whole pages. Block floats from a bfloat16 or
+float16 cache are packed with a short float recipe (``_bfp_narrow``); other inputs take the
+integer recipe of ``hardware.tiles``. ``_transform_stepwise`` is the paper's steps one by one.
 """
 
 from __future__ import annotations
@@ -19,10 +27,13 @@ import numpy as np
 import torch
 
 from hardware.kv_layout import GpuKVSpec
+from hardware.dram import contiguous_runs
 from hardware.plans import RequestTransfer, hawk_segments
 from hardware.tiles import FACE, GROUPS, TILE, TILE_ELEMS, tile_format
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+NARROW_FLOATS = (torch.bfloat16, torch.float16)   # packed by the short block-float recipe
+MAGIC = 1.5 * 2.0 ** 23   # v + MAGIC rounds v (|v| < 2^22) to an integer, half to even
 
 
 def tilize(x: torch.Tensor) -> torch.Tensor:
@@ -44,49 +55,95 @@ def bf16_bytes(tiles: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.uint8).reshape(tiles.shape[0], -1)
 
 
-def bfp_bytes(tiles: torch.Tensor, mag_bits: int, chunk: int = 256) -> torch.Tensor:
+def bfp_bytes(tiles: torch.Tensor, mag_bits: int, chunk: int = 512) -> torch.Tensor:
     """float tiles ``[n, 1024]`` -> block-float bytes ``[n, 64 + codes]`` (FACTS.md 2).
 
-    Works ``chunk`` tiles at a time so that the dozen passes stay in cache on a CPU.
+    Works ``chunk`` tiles at a time, reusing the same scratch buffers.
     """
     n = tiles.shape[0]
     out = torch.empty((n, GROUPS + TILE_ELEMS * (mag_bits + 1) // 8), dtype=torch.uint8,
                       device=tiles.device)
+    narrow = tiles.dtype in NARROW_FLOATS
+    scratch = Scratch(min(n, chunk), tiles.device) if narrow else None
     for lo in range(0, n, chunk):
-        _bfp_chunk(tiles[lo:lo + chunk], mag_bits, out[lo:lo + chunk])
+        part = tiles[lo:lo + chunk]
+        _pack_bfp(part.float() if narrow else part, mag_bits, out[lo:lo + chunk], scratch)
     return out
 
 
-def _pow2(k: torch.Tensor) -> torch.Tensor:
-    """Exact ``2.0 ** k`` (float32) for integer ``k`` in -126..127, built from its bits."""
-    return ((k + 127) << 23).view(torch.float32)
+class Scratch:
+    """Buffers for ``_bfp_narrow`` on up to ``tiles`` tiles, allocated once per transform."""
+
+    def __init__(self, tiles: int, device) -> None:
+        elems = tiles * TILE_ELEMS
+        self.magnitude = torch.empty(elems, device=device)              # |x|
+        self.code = torch.empty(elems, dtype=torch.int8, device=device)
+        self.sign = torch.empty(elems, dtype=torch.int8, device=device)
+
+
+def _pack_bfp(x: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch) -> None:
+    """Block-float bytes of float32 tiles ``x`` into ``out`` rows. With ``scratch``, ``x`` holds
+    bfloat16 or float16 values and may be overwritten: the short recipe is then exact."""
+    if scratch is None or not _bfp_narrow(x, mag_bits, out, scratch):
+        _bfp_chunk(x, mag_bits, out)
+
+
+def _bfp_narrow(x: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scratch) -> bool:
+    """Encode float32 tiles ``x`` [n, 1024] that hold bfloat16 or float16 values (overwritten).
+
+    Such a value has at most 11 significant bits, so the alignment shift of ``hardware.tiles``
+    drops no bit that could reach the rounding position: the magnitude code is exactly
+    ``|x| * 2^(126 + mag_bits - E)`` rounded half to even, done by one scaling and the float
+    add of ``1.5 * 2^23``; the signed int8 result then becomes sign-magnitude. Returns False,
+    writing nothing, when a group needs the general recipe (inf or NaN; a nonzero group whose
+    shared exponent is at most ``mag_bits``, where denormals would not round to 0).
+    """
+    n = x.shape[0]
+    g = x.view(n * GROUPS, FACE)                                        # [G, 16]
+    mag = torch.abs(g, out=scratch.magnitude[:g.numel()].view(g.shape))
+    top = mag.view(torch.int32).amax(-1, keepdim=True)                 # [G, 1] max |x| bits
+    shared = top >> 23                                                  # exponent field E
+    lo, hi = (int(v) for v in torch.aminmax(shared))
+    if hi == 255:
+        return False
+    scaled = shared
+    if lo <= mag_bits:
+        if bool(((top > 0) & (shared <= mag_bits)).any()):
+            return False
+        scaled = shared.clamp(min=mag_bits + 1)                        # all-zero groups: any scale
+    scale = ((253 + mag_bits - scaled) << 23).view(torch.float32)     # 2^(126 + mag_bits - E)
+    lim = (1 << mag_bits) - 1
+    g.mul_(scale).add_(MAGIC).clamp_(MAGIC - lim, MAGIC + lim)        # MAGIC + signed code
+    q = scratch.code[:g.numel()].view(n, TILE_ELEMS)
+    q.copy_(x.view(torch.int32))                                        # low byte: -lim..lim
+    neg = torch.bitwise_right_shift(q, 7, out=scratch.sign[:q.numel()].view(q.shape))
+    q ^= neg & lim                                                      # -1 where negative
+    out[:, :GROUPS] = shared.view(n, GROUPS)
+    if mag_bits == 7:
+        torch.sub(q, neg, out=out[:, GROUPS:].view(torch.int8))        # sign-magnitude
+        return True
+    codes = q.sub_(neg).view(torch.uint8)                              # low nibble: the code
+    torch.bitwise_or(codes[:, 0::2] & 0xF, codes[:, 1::2] << 4, out=out[:, GROUPS:])
+    return True
 
 
 def _bfp_chunk(tiles: torch.Tensor, mag_bits: int, out: torch.Tensor) -> None:
-    """Encode in float arithmetic, exactly as the integer recipe of ``hardware.tiles``.
-
-    With ``E`` the group's exponent field, ``floor(|x| * 2^(150 - E))`` is the aligned 24-bit
-    significand (bits shifted out dropped); scaling by a power of two is exact, done in two
-    factors to stay in float range. Rounding half to even is ``torch.round``.
-    """
+    """The integer recipe of ``hardware.tiles.bfp_encode`` on the float32 bit patterns, for
+    any input (float32 values, inf and NaN included)."""
     n = tiles.shape[0]
-    x = tiles.float().reshape(n, GROUPS, FACE)                          # [n, 64, 16]
-    a = x.abs()
-    top = torch.maximum(a[..., :8], a[..., 8:])                         # tree max: [n, 64, 8]
-    for width in (4, 2, 1):
-        top = torch.maximum(top[..., :width], top[..., width:])        # ... down to [n, 64, 1]
-    shared = top.view(torch.int32) >> 23                                # exponent field E
-    k = torch.where(shared > 0, 150 - shared, -252)                    # E = 0: every code is 0
-    a.mul_(_pow2(k // 2)).mul_(_pow2(k - k // 2))                      # aligned significand
-    a.floor_().mul_(2.0 ** (mag_bits - 24)).round_().clamp_(max=(1 << mag_bits) - 1)
-    if bool(((shared > 0) & (shared < 25)).any()):                    # denormals could count
-        a.mul_(x.abs() >= 2.0 ** -126)
-    q = a.to(torch.int32)                                               # magnitude
-    sign = (x.view(torch.int32) >> (31 - mag_bits)) & (1 << mag_bits)   # sign bit at code top
-    codes = (q | sign * q.clamp(max=1)).to(torch.uint8).reshape(n, TILE_ELEMS)   # 0 keeps no sign
+    bits = tiles.float().reshape(n * GROUPS, FACE).view(torch.int32)   # [G, 16]
+    exp = (bits >> 23) & 0xFF
+    shared = exp.amax(-1, keepdim=True)                                 # [G, 1]
+    mant = ((bits & 0x7FFFFF) | 0x800000) * (exp > 0)                  # 24-bit significand
+    aligned = mant >> (shared - exp).clamp_(max=31)                    # shifted-out bits lost
+    drop = 24 - mag_bits
+    half = 1 << (drop - 1)
+    q = ((aligned + (half - 1) + ((aligned >> drop) & 1)) >> drop).clamp_(max=(1 << mag_bits) - 1)
+    codes = (q | ((bits >> (31 - mag_bits)) & (1 << mag_bits)) * (q > 0)).to(torch.uint8)
+    codes = codes.view(n, TILE_ELEMS)
     if mag_bits == 3:
         codes = codes[:, 0::2] | (codes[:, 1::2] << 4)                 # [n, 512]
-    out[:, :GROUPS] = shared.reshape(n, GROUPS).to(torch.uint8)
+    out[:, :GROUPS] = shared.view(n, GROUPS)
     out[:, GROUPS:] = codes
 
 
@@ -172,14 +229,81 @@ def source_units(req: RequestTransfer, page_order=None):
 
 
 @dataclass(frozen=True)
-class GatherIndex:
-    """One request's gather, computed once on the host (like its plan) and reused per layer."""
+class UnitGather:
+    """The general gather: every output unit of ``unit_elems`` elements picked one by one."""
 
     unit_elems: int          # elements per gathered unit
     index: np.ndarray        # [units per layer] source unit of each output unit
     pad: np.ndarray          # [p] output units that are tile padding
+
+
+@dataclass(frozen=True)
+class TileGather:
+    """The block gather: the request's 16-token pieces of a layer into one token buffer, then
+    one strided copy that tilizes and puts every tile in its send row (head size a multiple
+    of 32). ``runs``: per run of TT blocks ``(first, end, row, row strides over (block, head,
+    tile row, tile column))`` when each run's send rows are affine in the tile coordinates,
+    as for a run starting at bank 0 with a whole number of bank rows; else ``None`` and
+    ``rows`` (page-order row of each send row) reorders the tiles after the copy.
+    """
+
+    unit_elems: int          # elements per 16-token piece (NHD: all heads; HND: one head)
+    index: np.ndarray        # [2 * pieces] source piece of each piece of the token buffer
+    runs: tuple | None
+    rows: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class GatherIndex:
+    """One request's gather, computed once on the host (like its plan) and reused per layer."""
+
     stride: int              # bytes per page in the send buffer
     page_bytes: int
+    tiles: TileGather | None
+    units: UnitGather | None
+
+
+def _affine(pos: np.ndarray):
+    """``(base, strides)`` with ``pos == base + sum(index * strides)``, strides >= 0, or None."""
+    base, strides, want = int(pos.flat[0]), [], np.full(pos.shape, pos.flat[0], np.int64)
+    for axis, size in enumerate(pos.shape):
+        unit = tuple(int(a == axis) for a in range(pos.ndim))
+        step = int(pos[unit]) - base if size > 1 else 0
+        shape = [1] * pos.ndim
+        shape[axis] = size
+        want = want + (np.arange(size) * step).reshape(shape)
+        strides.append(step)
+    return (base, tuple(strides)) if min(strides) >= 0 and np.array_equal(want, pos) else None
+
+
+def tile_gather(req: RequestTransfer, page_order=None) -> TileGather:
+    """The block gather for ``page_order`` (send row -> request page; default: as they come)."""
+    g, tt = req.gpu, req.tt
+    per_block = g.block_size // FACE                                    # pieces per GPU block
+    pieces = req.tt_blocks.size * tt.block_size // FACE                 # pieces, padded to TT
+    piece = np.minimum(np.arange(pieces), -(-req.num_tokens // FACE) - 1)   # past T: any piece
+    blocks, sub = np.divmod(piece, per_block)
+    tensor_block = np.arange(2)[:, None] * g.num_blocks + req.block_table[blocks]  # [2, pieces]
+    if g.order == "NHD":                                                # piece: [bs, H, D]
+        first = tensor_block * per_block + sub
+    else:                                                               # piece: [bs, D] of a head
+        heads = np.arange(g.num_kv_heads)
+        first = (tensor_block[..., None] * g.num_kv_heads + heads) * per_block + sub[:, None]
+    s = req.pages_per_tensor
+    order = np.arange(s) if page_order is None else np.asarray(page_order)
+    pos = np.empty(s, np.int64)
+    pos[order] = np.arange(s)
+    grid = pos.reshape(-1, g.num_kv_heads, tt.block_size // TILE, g.head_size // TILE)
+    runs, lo = [], 0
+    for _, length in (contiguous_runs(req.tt_blocks) if page_order is not None
+                      else [(0, req.tt_blocks.size)]):
+        fit = _affine(grid[lo:lo + length])
+        runs.append(fit and (lo, lo + length) + fit)
+        lo += length
+    unit = FACE * g.head_size * (g.num_kv_heads if g.order == "NHD" else 1)
+    if all(runs):
+        return TileGather(unit, first.reshape(-1), tuple(runs), None)
+    return TileGather(unit, first.reshape(-1), None, np.concatenate([order, s + order]))
 
 
 def prepare(req: RequestTransfer, kind: str = "hawk") -> GatherIndex:
@@ -187,9 +311,11 @@ def prepare(req: RequestTransfer, kind: str = "hawk") -> GatherIndex:
     if kind not in ("hawk", "per_page"):
         raise ValueError(f"transform kind {kind!r}; allowed: 'hawk', 'per_page'")
     order = hawk_segments(req)[0] if kind == "hawk" else None
-    u, index, pad = source_units(req, order)
     stride = req.page_stride if kind == "hawk" else req.tt.page_bytes
-    return GatherIndex(u, index, pad, stride, req.tt.page_bytes)
+    if req.gpu.head_size % TILE == 0:
+        return GatherIndex(stride, req.tt.page_bytes, tile_gather(req, order), None)
+    u, index, pad = source_units(req, order)
+    return GatherIndex(stride, req.tt.page_bytes, None, UnitGather(u, index, pad))
 
 
 def _unit_view(t: torch.Tensor, unit_bytes: int) -> torch.Tensor:
@@ -200,15 +326,117 @@ def _unit_view(t: torch.Tensor, unit_bytes: int) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8).view(-1, unit_bytes)
 
 
-def _transform(layers, req: RequestTransfer, gather: GatherIndex, out=None) -> torch.Tensor:
-    """Gather every layer's K and V straight into tile order and send order, then pack.
+def _pack_rows(x: torch.Tensor, dtype_name: str, out: torch.Tensor, scratch) -> None:
+    """Pack float32 tiles ``x`` [n, 1024] (overwritten) into the rows ``out`` [n, tile_bytes]."""
+    fmt = tile_format(dtype_name)
+    if fmt.is_block_float:
+        _pack_bfp(x, fmt.mag_bits, out, scratch)
+    else:
+        out.copy_(pack_tiles(x, dtype_name))
+
+
+def _direct_dtype(dtype_name: str, cache_dtype: torch.dtype, view: torch.Tensor):
+    """The dtype whose values a copy can write straight into the send rows, or None."""
+    target = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype_name)
+    if target is torch.bfloat16 and cache_dtype != torch.bfloat16:
+        return None                                 # a narrowing cast: pack_tiles rounds it
+    size = 4 if target is torch.float32 else 2
+    if target is None or view.shape[-1] % size or view.storage_offset() % size:
+        return None
+    return target
+
+
+def _tile_source(tokens: torch.Tensor, order: str, nb: int, heads: int, tr: int, tw: int):
+    """The token buffer as ``[2, nb, H, TR, TW, 2, 2, 16, 16]``: tiles in page order."""
+    if order == "NHD":
+        t = tokens.view(2, nb, tr, 2, FACE, heads, tw, 2, FACE)      # (kv, b, tr, fr, r, h, tc, fc, c)
+        return t.permute(0, 1, 5, 2, 6, 3, 7, 4, 8)
+    t = tokens.view(2, nb, tr, 2, heads, FACE, tw, 2, FACE)          # (kv, b, tr, fr, h, r, tc, fc, c)
+    return t.permute(0, 1, 4, 2, 6, 3, 7, 5, 8)
+
+
+def _zero_tail(tokens: torch.Tensor, order: str, num_tokens: int, heads: int) -> None:
+    """Zero the token buffer's tokens past the request (the last TT block's padding)."""
+    if order == "NHD":
+        tokens[:, num_tokens:] = 0
+        return
+    t = tokens.view(2, tokens.shape[1] // FACE, heads, FACE, -1)      # [2, pieces, H, 16, D]
+    full, part = divmod(num_tokens, FACE)
+    if part:
+        t[:, full, :, part:] = 0
+    t[:, full + (part > 0):] = 0
+
+
+def _place(src: torch.Tensor, rows: torch.Tensor, tg: TileGather) -> None:
+    """Copy the tiles ``src`` [2, nb, H, TR, TW, 2, 2, 16, 16] into their send ``rows``."""
+    per_tensor, step = rows.shape[0] // 2, rows.stride(0)
+    if tg.runs is None:                                                 # tilize, then reorder
+        tiles = src.reshape(-1, TILE_ELEMS)
+        picked = tiles.index_select(0, _as_tensor(tg.rows, tiles.device))
+        rows[:, :TILE_ELEMS].copy_(picked)
+        return
+    for lo, hi, base, strides in tg.runs:                               # one strided copy a run
+        size = (2, hi - lo) + tuple(src.shape[2:])
+        stride = (per_tensor * step,) + tuple(s * step for s in strides) + (512, 256, FACE, 1)
+        rows.as_strided(size, stride, rows.storage_offset() + base * step).copy_(src[:, lo:hi])
+
+
+def _tile_layers(layers, req: RequestTransfer, tg: TileGather, view: torch.Tensor,
+                 chunk: int = 512) -> None:
+    """Per layer: gather the request's 16-token pieces (long contiguous copies), tilize them
+    into the send rows with one strided copy (converting to float32 first when the rows need
+    packing), then pack ``chunk`` rows at a time."""
+    g, tt = req.gpu, req.tt
+    device, dtype = layers[0].device, layers[0].dtype
+    nb = req.tt_blocks.size
+    tokens = torch.empty(2, nb * tt.block_size, g.num_kv_heads * g.head_size, dtype=dtype,
+                         device=device)                                 # [2, T padded, H * D]
+    src = _tile_source(tokens, g.order, nb, g.num_kv_heads, tt.block_size // TILE,
+                       g.head_size // TILE)
+    index = _as_tensor(tg.index, device)
+    direct = _direct_dtype(tt.dtype, dtype, view)
+    work = None if direct else torch.empty(view.shape[1], TILE_ELEMS, device=device)
+    block_float = tile_format(tt.dtype).is_block_float and dtype in NARROW_FLOATS
+    scratch = Scratch(min(chunk, view.shape[1]), device) if block_float else None
+    for i, layer in enumerate(layers):
+        torch.index_select(layer.reshape(-1, tg.unit_elems), 0, index,
+                           out=tokens.view(-1, tg.unit_elems))
+        if tokens.shape[1] > req.num_tokens:
+            _zero_tail(tokens, g.order, req.num_tokens, g.num_kv_heads)
+        rows = view[i].view(direct).view(view.shape[1], -1) if direct else work
+        _place(src, rows, tg)
+        for lo in range(0, 0 if direct else work.shape[0], chunk):
+            _pack_rows(work[lo:lo + chunk], tt.dtype, view[i, lo:lo + chunk, :tt.page_bytes],
+                       scratch)
+
+
+def _unit_layers(layers, req: RequestTransfer, ug: UnitGather, view: torch.Tensor) -> None:
+    """Per layer: gather source units straight into tile order and send order, then pack.
 
     Both data-movement steps (tilize; regroup by bank) are one ``index_select`` of source
-    units per layer; packing works per tile, so it commutes with the regrouping. A bfloat16
-    cache sent as bfloat16 is gathered directly into the send buffer (bits pass unchanged).
+    units; packing works per tile, so it commutes with the regrouping. A bfloat16 cache sent
+    as bfloat16 is gathered directly into the send buffer (bits pass unchanged).
     """
-    _check_layers(layers, req.gpu)
     device, tt, dtype = layers[0].device, req.tt, layers[0].dtype
+    pages, stride = view.shape[1], view.shape[2]
+    index, pad = _as_tensor(ug.index, device), _as_tensor(ug.pad, device)
+    unit_bytes = ug.unit_elems * layers[0].element_size()
+    direct = tt.dtype == "bfloat16" and dtype == torch.bfloat16 and stride == tt.page_bytes
+    units = None if direct else torch.empty(index.numel() * ug.unit_elems, dtype=dtype,
+                                            device=device)
+    for i, layer in enumerate(layers):
+        target = _unit_view(view[i] if direct else units, unit_bytes)
+        torch.index_select(_unit_view(layer.contiguous(), unit_bytes), 0, index, out=target)
+        if pad.numel():
+            target.index_fill_(0, pad, 0)                               # tile padding reads 0
+        if not direct:
+            view[i, :, :tt.page_bytes] = pack_tiles(units.view(pages, TILE_ELEMS), tt.dtype)
+
+
+def _transform(layers, req: RequestTransfer, gather: GatherIndex, out=None) -> torch.Tensor:
+    """Fill the send buffer: every layer's K and V in tile order and send order, packed."""
+    _check_layers(layers, req.gpu)
+    device, tt = layers[0].device, req.tt
     pages, stride = 2 * req.pages_per_tensor, gather.stride
     size = req.gpu.num_layers * pages * stride
     if out is None:
@@ -219,18 +447,11 @@ def _transform(layers, req: RequestTransfer, gather: GatherIndex, out=None) -> t
     view = out.view(req.gpu.num_layers, pages, stride)                  # [L, 2 * S, stride]
     if stride > tt.page_bytes:
         view[:, :, tt.page_bytes:] = 0
-    index, pad = _as_tensor(gather.index, device), _as_tensor(gather.pad, device)
-    unit_bytes = gather.unit_elems * layers[0].element_size()
-    direct = tt.dtype == "bfloat16" and dtype == torch.bfloat16 and stride == tt.page_bytes
-    units = None if direct else torch.empty(index.numel() * gather.unit_elems, dtype=dtype,
-                                            device=device)
-    for i, layer in enumerate(layers):
-        target = _unit_view(view[i] if direct else units, unit_bytes)
-        torch.index_select(_unit_view(layer.contiguous(), unit_bytes), 0, index, out=target)
-        if pad.numel():
-            target.index_fill_(0, pad, 0)                               # tile padding reads 0
-        if not direct:
-            view[i, :, :tt.page_bytes] = pack_tiles(units.view(pages, TILE_ELEMS), tt.dtype)
+    layers = [layer.contiguous() for layer in layers]
+    if gather.tiles is not None:
+        _tile_layers(layers, req, gather.tiles, view)
+    else:
+        _unit_layers(layers, req, gather.units, view)
     return out
 
 

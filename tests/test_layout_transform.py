@@ -9,10 +9,11 @@ from hypothesis import given, settings, strategies as st
 
 from hardware import transform
 from hardware.dram import DramConfig, contiguous_runs, page_location
-from hardware.kv_layout import GpuKVSpec, TTKVSpec, gather_tokens, read_tt_tokens
+from hardware.kv_layout import (GpuKVSpec, TTKVSpec, gather_tokens, read_tt_tokens,
+                                to_tt_blocks)
 from hardware.plans import (RequestTransfer, apply_plan, check_disjoint, hawk_plan,
                             hawk_segments, per_page_plan)
-from hardware.tiles import pack as np_pack, quantize
+from hardware.tiles import bfp_encode, pack as np_pack, quantize
 
 golden = np.load(Path(__file__).parent / "data" / "ttnn-golden.npz")
 DTYPES = ["bfloat16", "bfloat8_b", "bfloat4_b", "float32"]
@@ -36,9 +37,10 @@ def test_torch_pack_equals_numpy_pack(dtype):
 
 
 def make_transfer(rng, num_tokens, heads, head, gpu_bs, order, tt_bs, dtype, banks, layers=2,
-                  alignment=32):
+                  alignment=32, gpu_dtype="bfloat16"):
     gpu = GpuKVSpec(num_layers=layers, num_blocks=-(-num_tokens // gpu_bs) + 3,
-                    num_kv_heads=heads, head_size=head, block_size=gpu_bs, order=order)
+                    num_kv_heads=heads, head_size=head, block_size=gpu_bs, order=order,
+                    dtype=gpu_dtype)
     n_tt = -(-num_tokens // tt_bs)
     tt = TTKVSpec(num_layers=layers, max_num_blocks=n_tt + 3, num_kv_heads=heads, head_dim=head,
                   dram=DramConfig(num_banks=banks, alignment=alignment, bank_bytes=1 << 20),
@@ -183,3 +185,105 @@ def test_benchmark_reports_counts_and_ratios(capsys):
     assert all(t["ratio"] > 0 for t in result["throughput"])
     assert layout_bench.main(["--tokens", "128", "--layers", "1", "--repeats", "1", "--json"]) == 0
     assert '"write_counts"' in capsys.readouterr().out
+
+
+def numpy_send_buffer(layers, req, page_order, stride):
+    """The send buffer built step by step with the numpy reference packing (hardware.tiles)."""
+    out = np.zeros((req.gpu.num_layers, 2, req.pages_per_tensor, stride), np.uint8)
+    for i, layer in enumerate(layers):
+        tokens = gather_tokens(layer.float().numpy(), req.gpu, req.block_table, req.num_tokens)
+        for kv in (0, 1):
+            packed, _ = np_pack(to_tt_blocks(tokens[kv], req.tt.block_size), req.tt.dtype)
+            pages = packed.reshape(req.pages_per_tensor, req.tt.page_bytes)
+            out[i, kv, :, :req.tt.page_bytes] = pages if page_order is None else pages[page_order]
+    return out.reshape(-1)
+
+
+def check_against_numpy(req, kind, seed):
+    layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(seed))
+    gather = transform.prepare(req, kind)
+    make = transform.hawk_transform if kind == "hawk" else transform.page_order_transform
+    got = make(layers, req, gather=gather).numpy()
+    order = hawk_segments(req)[0] if kind == "hawk" else None
+    assert np.array_equal(got, numpy_send_buffer(layers, req, order, gather.stride))
+    return gather
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_tokens=st.integers(1, 200), heads=st.integers(1, 3),
+       head=st.sampled_from([32, 64, 96, 128]), gpu_bs=st.sampled_from([16, 32, 48]),
+       order=st.sampled_from(["NHD", "HND"]), tt_bs=st.sampled_from([32, 64]),
+       dtype=st.sampled_from(DTYPES), gpu_dtype=st.sampled_from(["bfloat16", "float16",
+                                                                "float32"]),
+       banks=st.integers(1, 12), alignment=st.sampled_from([32, 64, 128]),
+       kind=st.sampled_from(["hawk", "per_page"]), seed=st.integers(0, 2**31))
+def test_block_gather_gives_the_numpy_bytes(num_tokens, heads, head, gpu_bs, order, tt_bs,
+                                            dtype, gpu_dtype, banks, alignment, kind, seed):
+    req = make_transfer(np.random.default_rng(seed), num_tokens, heads, head, gpu_bs, order,
+                        tt_bs, dtype, banks, alignment=alignment, gpu_dtype=gpu_dtype)
+    gather = check_against_numpy(req, kind, seed)
+    assert gather.tiles is not None and gather.units is None
+
+
+def fixed_transfer(tt_blocks, banks, num_tokens=300, dtype="bfloat8_b", order="NHD"):
+    gpu = GpuKVSpec(num_layers=2, num_blocks=40, num_kv_heads=2, head_size=128, order=order)
+    tt = TTKVSpec(num_layers=2, max_num_blocks=16, num_kv_heads=2, head_dim=128, dtype=dtype,
+                  dram=DramConfig(num_banks=banks, alignment=64, bank_bytes=1 << 22))
+    table = np.random.default_rng(0).permutation(40)[:-(-num_tokens // 16)]
+    return RequestTransfer(gpu, tt, table, np.asarray(tt_blocks), num_tokens)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bank_regroup_folds_into_the_tilize_copy_when_aligned(dtype):
+    # 8 pages per block on 8 banks from bank 0: one strided copy per run of blocks
+    req = fixed_transfer(np.arange(10), 8, dtype=dtype)
+    runs = check_against_numpy(req, "hawk", 1).tiles.runs
+    assert runs == ((0, 10, 0, (1, 40, 0, 10)),)       # row = 40 h + 10 tc + b
+    two_runs = fixed_transfer([0, 1, 2, 3, 4, 9, 10, 11, 12, 13], 8, dtype=dtype, order="HND")
+    assert len(check_against_numpy(two_runs, "hawk", 2).tiles.runs) == 2
+
+
+@pytest.mark.parametrize("banks, first", [(12, 0), (7, 0), (6, 1)])
+def test_unaligned_banks_reorder_whole_pages(banks, first):
+    req = fixed_transfer(np.arange(10) + first, banks)
+    tiles = check_against_numpy(req, "hawk", 3).tiles
+    assert tiles.runs is None
+    assert sorted(tiles.rows.tolist()) == list(range(2 * req.pages_per_tensor))
+
+
+def narrow_tiles(rng, n, dtype):
+    """Tiles of bfloat16 or float16 values: normal groups over a wide range of scales, with
+    all-zero groups, signed zeros and values at the saturation edge mixed in."""
+    spread = 20 if dtype == torch.bfloat16 else 8                    # float16 stays finite
+    x = rng.standard_normal((n * 64, 16)) * np.exp2(rng.integers(-spread, spread, (n * 64, 1)))
+    x[rng.random(n * 64) < 0.1] = 0.0
+    x[rng.random(x.shape) < 0.02] = -0.0
+    edge = rng.random(n * 64) < 0.05
+    x[edge, 0] = np.copysign(255 / 128, x[edge, 0]) * np.exp2(rng.integers(-5, 5, edge.sum()))
+    return torch.from_numpy(x.reshape(n, 1024).astype(np.float32)).to(dtype)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 40),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16]), mag_bits=st.sampled_from([7, 3]))
+def test_short_block_float_recipe_is_exact(seed, n, dtype, mag_bits):
+    tiles = narrow_tiles(np.random.default_rng(seed), n, dtype)
+    want = bfp_encode(tiles.float().numpy(), mag_bits)
+    out = torch.zeros(n, want.shape[1], dtype=torch.uint8)
+    assert transform._bfp_narrow(tiles.float(), mag_bits, out, transform.Scratch(n, "cpu"))
+    assert np.array_equal(out.numpy(), want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+       mag_bits=st.sampled_from([7, 3]))
+def test_block_float_bytes_of_any_bit_pattern(seed, dtype, mag_bits):
+    # every 16-bit pattern can occur: NaN, inf, denormals, tiny groups take the integer recipe
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2**16, (3, 1024), dtype=np.uint16)
+    bits[0, :512] &= 0x807F                      # bfloat16: zeros and denormals only
+    bits[1] &= 0x81FF                            # bfloat16: shared exponents 0..3
+    tiles = torch.from_numpy(bits.view(np.int16)).view(dtype)
+    want = bfp_encode(tiles.float().numpy(), mag_bits)
+    assert np.array_equal(transform.bfp_bytes(tiles, mag_bits, chunk=1).numpy(), want)
+    assert np.array_equal(transform.bfp_bytes(tiles.float(), mag_bits).numpy(), want)

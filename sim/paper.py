@@ -8,9 +8,8 @@ Every number comes from the ``paper`` profile (sim/profiles/paper.toml) and the 
   90% SLO attainment, output throughput there, then power and cost at the knee.
 - ``run_paper``: all of it as one JSON-ready dict, next to the paper's figures (``TARGETS``).
 
-Configurations set ``cluster.link.mechanism`` to a ``sim.transfer.MECHANISMS`` name; where the
-simulator does not accept those names yet (``mechanisms_wired() is False``) the run falls back
-to the direct link with each mechanism's mean fixed cost added per request, and says so.
+Configurations set ``cluster.link.mechanism`` to a ``sim.transfer.MECHANISMS`` name: the
+simulator prices every transfer with that mechanism and uses its decode-side memory pool.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import math
 from hardware import catalog
 from sim import cost as cost_mod
 from sim import power as power_mod
-from sim.config import ConfigError, RunConfig
+from sim.config import RunConfig
 from sim.predictor import RooflinePredictor, load_profile, load_profile_table
 from sim.transfer import (MECHANISMS, InstanceFacts, MechanismPricing, isolated_latency,
                           transfer_params)
@@ -61,15 +60,6 @@ def _decode_device(name: str, profile: str) -> str:
     return settings(profile)["ggh_decode_device"] if device == "ggh" else device
 
 
-def mechanisms_wired() -> bool:
-    """Whether the simulator accepts the mechanism names of ``sim.transfer``."""
-    try:
-        RunConfig().replace(**{"cluster.link.mechanism": "GN-HAWK"})
-    except ConfigError:
-        return False
-    return True
-
-
 def base_config(name: str, workload: str = "chatbot", profile: str = PROFILE) -> RunConfig:
     """The run configuration of paper configuration ``name`` (mechanism not yet applied)."""
     from traces.workloads import WORKLOADS as SPECS
@@ -97,27 +87,10 @@ def base_config(name: str, workload: str = "chatbot", profile: str = PROFILE) ->
     })
 
 
-def serving_config(name: str, workload: str = "chatbot", profile: str = PROFILE,
-                   wired: bool | None = None) -> RunConfig:
-    """``base_config`` with its mechanism: by name when wired, else a direct-link stand-in."""
-    config = base_config(name, workload, profile)
-    mech = CONFIGS[name][1]
-    if wired if wired is not None else mechanisms_wired():
-        return config.replace(**{"cluster.link.mechanism": mech})
-    return config.replace(**{"cluster.link.per_request_s": _mean_fixed_cost(config, mech,
-                                                                            workload)})
-
-
-def _mean_fixed_cost(config: RunConfig, mech: str, workload: str) -> float:
-    """Mean before + after seconds of ``mech`` over the workload's prompt lengths."""
-    import numpy as np
-
-    from traces.workloads import sample_lengths
-
-    pricing = pricing_of(config, mech)
-    prompts, _ = sample_lengths(workload, 2000, np.random.default_rng(0))
-    return float(np.mean([pricing.price(int(p)).before_s + pricing.price(int(p)).after_s
-                          for p in prompts]))
+def serving_config(name: str, workload: str = "chatbot", profile: str = PROFILE) -> RunConfig:
+    """``base_config`` with its mechanism."""
+    return base_config(name, workload, profile).replace(
+        **{"cluster.link.mechanism": CONFIGS[name][1]})
 
 
 def pricing_of(config: RunConfig, mech: str) -> MechanismPricing:
@@ -192,15 +165,14 @@ def sweep_settings(workload: str, quick: bool, profile: str = PROFILE) -> dict:
 
 
 def serving(workload: str, names=tuple(CONFIGS), quick: bool = False, workers: int | None = None,
-            profile: str = PROFILE, wired: bool | None = None) -> dict:
+            profile: str = PROFILE) -> dict:
     """Per configuration: the sweep rows, knee, throughput at the knee, power and cost there."""
     from sim.sweep import summarize_sweep, sweep
 
-    wired = mechanisms_wired() if wired is None else wired
     opts = sweep_settings(workload, quick, profile)
     out = {}
     for name in names:
-        config = serving_config(name, workload, profile, wired).replace(
+        config = serving_config(name, workload, profile).replace(
             **{"workload.num_requests": opts["num_requests"]})
         points = sweep(config, opts["rates"], opts["seeds"], workers=workers, progress=False)
         summary = summarize_sweep(points)
@@ -251,12 +223,11 @@ def efficiency(results: dict) -> dict:
 def run_paper(quick: bool = False, workers: int | None = None, profile: str = PROFILE,
               workloads=WORKLOADS, names=tuple(CONFIGS)) -> dict:
     """Every experiment, as the JSON object ``hawk paper --json`` prints."""
-    wired = mechanisms_wired()
-    out = {"profile": profile, "quick": quick, "mechanisms_wired": wired,
+    out = {"profile": profile, "quick": quick,
            "fig9": figure9(profile), "table1": table1(profile),
            "knees": {}, "throughput_at_knee": {}, "efficiency": {}, "sweeps": {}}
     for workload in workloads:
-        res = serving(workload, names, quick, workers, profile, wired)
+        res = serving(workload, names, quick, workers, profile)
         out["sweeps"][workload] = res
         out["knees"][workload] = {n: r["knee_rate"] for n, r in res.items()}
         out["throughput_at_knee"][workload] = {n: r["output_tokens_per_s_at_knee"]

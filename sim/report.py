@@ -59,8 +59,7 @@ def comparison_rows(result: dict) -> list[tuple[str, float, float, float]]:
 
 def markdown(result: dict) -> str:
     lines = ["# HAWK paper reproduction (simulated)", "",
-             f"Profile `{result['profile']}`; quick settings: {result['quick']}; mechanisms "
-             f"wired into the simulator: {result['mechanisms_wired']}.", "",
+             f"Profile `{result['profile']}`; quick settings: {result['quick']}.", "",
              "## Targets (PAPER.md section 6)", "", "| quantity | ours | paper | rel. error |",
              "|---|---|---|---|"]
     for what, ours, paper, err in comparison_rows(result):

@@ -61,8 +61,8 @@ def kv_capacity_blocks(config: RunConfig, inst: InstanceConfig) -> int:
             f"(memory_utilization {inst.memory_utilization}); raise tp or choose a smaller "
             f"weight_format")
     free = usable - weights
-    if inst.kv_buffer_gb > 0:
-        free = min(free, inst.kv_buffer_gb * 1e9)
+    if inst.kv_cache_gb > 0:
+        free = min(free, inst.kv_cache_gb * 1e9)
     block_bytes = model.kv_bytes_per_token(inst.kv_dtype) * inst.block_size
     return int(free // block_bytes)
 

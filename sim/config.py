@@ -54,7 +54,8 @@ class InstanceConfig:
     kv_dtype: str = "bfloat16"
     weight_format: str = "bfloat16"
     memory_utilization: float = 0.9     # share of device memory for weights + KV (rest: activations)
-    kv_buffer_gb: float = 0.0           # prefill send buffer cap in GB; 0 = all free memory
+    kv_cache_gb: float = 0.0            # cap on KV memory in GB (prefill: the send buffer;
+                                        # decode: the KV pool); 0 = all free memory
     role: str = "instance"
 
     def __post_init__(self) -> None:
@@ -68,7 +69,7 @@ class InstanceConfig:
         _check_choice(w, "kv_dtype", self.kv_dtype, DTYPE_BYTES)
         _check_choice(w, "weight_format", self.weight_format, WEIGHT_FORMATS)
         _check_range(w, "memory_utilization", self.memory_utilization, 0.05, 1.0)
-        _check_range(w, "kv_buffer_gb", self.kv_buffer_gb, 0.0, 1e6)
+        _check_range(w, "kv_cache_gb", self.kv_cache_gb, 0.0, 1e6)
 
 
 @dataclass(frozen=True)

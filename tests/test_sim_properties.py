@@ -40,7 +40,7 @@ def test_every_request_ends_once_in_order(seed, rate, prefills, decodes, batch, 
     config = make_config(**{"cluster.prefill.num_instances": prefills,
                             "cluster.decode.num_instances": decodes,
                             "cluster.decode.max_batch_size": batch,
-                            "cluster.prefill.kv_buffer_gb": buffer_gb,
+                            "cluster.prefill.kv_cache_gb": buffer_gb,
                             "cluster.prefill.max_batch_tokens": 8192})
     result = simulate(config, trace)
     check_invariants(trace, result.records)
@@ -58,8 +58,8 @@ def test_decode_back_pressure_reaches_prefill():
     model = catalog.model(base.cluster.model)
     per_prefill = 2000 * model.kv_bytes_per_token(base.cluster.prefill.kv_dtype) / 1e9
     per_decode = 2080 * model.kv_bytes_per_token(base.cluster.decode.kv_dtype) / 1e9
-    config = base.replace(**{"cluster.prefill.kv_buffer_gb": 3.5 * per_prefill,
-                             "cluster.decode.kv_buffer_gb": 2.5 * per_decode})
+    config = base.replace(**{"cluster.prefill.kv_cache_gb": 3.5 * per_prefill,
+                             "cluster.decode.kv_cache_gb": 2.5 * per_decode})
     # prefill 0.1 s per request, decode 50 ms per step: a request decodes for ~2.5 s
     table = TablePredictor([1, 10_000], [0.1, 0.1], [1, 64], [0, 1e7], [[0.05, 0.05]] * 2)
     result = simulate(config, trace, predictors=(table, table))
@@ -80,7 +80,7 @@ def test_decode_back_pressure_reaches_prefill():
 
 def test_requests_that_can_never_fit_fail_with_named_statuses():
     config = make_config(**{"cluster.prefill.max_batch_tokens": 4096,
-                            "cluster.decode.kv_buffer_gb": 0.0})
+                            "cluster.decode.kv_cache_gb": 0.0})
     trace = make_trace([0.0, 0.1, 0.2, 0.3], [100, 5000, 100, 120_000], [10, 10, 10, 12_000])
     records = simulate(config, trace).records
     assert records["status"].tolist() == ["ok", "rejected_prompt_too_long", "ok",

@@ -14,9 +14,9 @@ Flow of one request (Algorithm 1 of the paper, decode side):
 Fast-forward (DESIGN.md): between batch changes the batch is fixed, so the instance schedules
 one timer for the ``k`` iterations until the next finish, timed in closed form by the predictor
 (``decode_time``). A request landing mid-run, or a change of host slowdown, moves the timer to
-the next iteration boundary (``decode_steps_within``), where the change takes effect. With
+the next iteration boundary (``decode_next_boundary``), where the change takes effect. With
 ``fast_forward=False`` every iteration is its own timer: the oracle the fast path is tested
-against. Timers are superseded by bumping a generation counter; a stale one does nothing.
+against. Only the latest timer counts; a superseded one does nothing when it fires.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class DecodeInstance:
         self._host_jobs = 0               # host-staged after phases running on this node
         self._factor = 1.0                # step-time factor in force (host slowdown)
         self._plan: tuple | None = None   # (start_at, batch, context, steps, factor)
-        self._generation = 0
+        self._timer = None                # the live timer; any other one that fires is stale
+        self._timer_steps = 0
         self._stop_scheduled = False
         self.busy_time = 0.0
         self.num_iterations = 0
@@ -141,22 +142,19 @@ class DecodeInstance:
             return                                     # the oracle stops at every boundary
         self._stop_scheduled = True
         start, batch, context, steps, factor = self._plan
-        now, predictor = self.env.now, self.predictor
-        done = predictor.decode_steps_within(batch, context, steps, (now - start) / factor)
-        if done < steps and start + factor * predictor.decode_time(batch, context, done) >= now:
-            self._retime(done, now)                    # a boundary falls exactly now
-        elif done + 1 < steps:
-            self._retime(done + 1, start + factor * predictor.decode_time(batch, context, done + 1))
+        done, t = self.predictor.decode_next_boundary(batch, context, steps,
+                                                      (self.env.now - start) / factor)
+        if done < steps:
+            self._retime(done, start + factor * t)
 
     def _retime(self, steps: int, at: float) -> None:
-        self._generation += 1
-        generation = self._generation
-        timer = self.env.timeout(max(0.0, at - self.env.now))
-        timer.callbacks.append(lambda _ev: self._on_timer(generation, steps))
+        timer = self._timer = self.env.timeout(max(0.0, at - self.env.now))
+        self._timer_steps = steps
+        timer.callbacks.append(self._on_timer)
 
-    def _on_timer(self, generation: int, steps: int) -> None:
-        if generation == self._generation:
-            self._boundary(steps)
+    def _on_timer(self, timer) -> None:
+        if timer is self._timer:                       # else superseded: a stale timer
+            self._boundary(self._timer_steps)
 
     def _boundary(self, steps: int) -> None:
         """``steps`` iterations of the live plan have completed: finish, admit, replan."""
@@ -186,6 +184,6 @@ class DecodeInstance:
             self._retime(steps, now + factor * self.predictor.decode_time(batch, context, steps))
         else:
             self._plan = None
-            self._generation += 1
+            self._timer = None
         if freed:
             self._pull()

@@ -94,6 +94,15 @@ class Predictor:
         cum = self._cumulative(batch, context, steps)
         return int(np.searchsorted(cum, elapsed, side="right"))
 
+    def decode_next_boundary(self, batch: int, context: int, steps: int,
+                             elapsed: float) -> tuple[int, float]:
+        """The first iteration boundary at or after ``elapsed``: (j, time of j iterations),
+        j in [0, steps] (``steps`` when ``elapsed`` lies past the run's end)."""
+        cum = self._cumulative(batch, context, steps)
+        j = int(np.searchsorted(cum, elapsed, side="left")) + 1 if elapsed > 0 else 0
+        j = min(j, steps)
+        return j, float(cum[j - 1]) if j else 0.0
+
     def _cumulative(self, batch: int, context: int, steps: int) -> np.ndarray:
         contexts = context + batch * np.arange(steps, dtype=np.float64)
         return np.cumsum(self.decode_step_times(batch, contexts))
@@ -189,6 +198,26 @@ class RooflinePredictor(Predictor):
             else:
                 hi = mid
         return lo
+
+
+    def decode_next_boundary(self, batch: int, context: int, steps: int,
+                             elapsed: float) -> tuple[int, float]:
+        if elapsed <= 0:
+            return 0, 0.0
+        const, c0, c1, m0, m1 = self._decode_lines(batch)
+        p, q = max((c0 + c1 * context, c1 * batch), (m0 + m1 * context, m1 * batch))
+        a, b = q / 2.0, const + p - q / 2.0            # S(j) = a j^2 + b j on that line
+        root = (-b + math.sqrt(b * b + 4 * a * elapsed)) / (2 * a) if a > 0 else elapsed / b
+        j = min(max(math.ceil(root), 1), steps)
+        t = self.decode_time(batch, context, j)
+        if t >= elapsed and (j == 1 or self.decode_time(batch, context, j - 1) < elapsed):
+            return j, t                                 # the usual case: two evaluations
+        j = min(self.decode_steps_within(batch, context, steps, elapsed), steps)
+        t = self.decode_time(batch, context, j)
+        if t < elapsed and j < steps:
+            j += 1
+            t = self.decode_time(batch, context, j)
+        return j, t
 
 
 def _sum_arith(p: float, q: float, lo: int, hi: int) -> float:

@@ -97,3 +97,17 @@ def test_steps_within_where_the_winning_line_changes(batch):
     for k in (0, 1, 17, 1500, 2998):
         elapsed = (cum[k] + cum[k + 1]) / 2
         assert p.decode_steps_within(batch, context, steps, elapsed) == k + 1
+
+
+@pytest.mark.parametrize("batch", [1, 8, 256])
+def test_next_boundary_closed_form_equals_the_stepwise_sum(batch):
+    config = make_config()
+    p = make_predictor(config, config.cluster.decode)
+    steps, context = 400, 5000
+    cum = np.cumsum([p.decode_step_time(batch, context + i * batch) for i in range(steps)])
+    for elapsed in (1e-6, cum[0], (cum[0] + cum[1]) / 2, (cum[200] + cum[201]) / 2,
+                    cum[-1] * 0.9999, cum[-1] * 2):
+        j, t = p.decode_next_boundary(batch, context, steps, elapsed)
+        jj, tt = Predictor.decode_next_boundary(p, batch, context, steps, elapsed)
+        assert j == jj and t == pytest.approx(tt, rel=1e-12)
+        assert j == min(steps, int(np.searchsorted(cum, elapsed, side="left")) + 1)

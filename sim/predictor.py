@@ -96,12 +96,12 @@ class Predictor:
 
     def decode_next_boundary(self, batch: int, context: int, steps: int,
                              elapsed: float) -> tuple[int, float]:
-        """The first iteration boundary at or after ``elapsed``: (j, time of j iterations),
-        j in [0, steps] (``steps`` when ``elapsed`` lies past the run's end)."""
+        """The first iteration boundary at or after ``elapsed`` past the run's start: (j, time
+        of j iterations), 1 <= j <= steps (``steps`` when ``elapsed`` lies past the end). The
+        run's first iteration has begun at its start, so a change there waits for j = 1."""
         cum = self._cumulative(batch, context, steps)
-        j = int(np.searchsorted(cum, elapsed, side="left")) + 1 if elapsed > 0 else 0
-        j = min(j, steps)
-        return j, float(cum[j - 1]) if j else 0.0
+        j = min(max(int(np.searchsorted(cum, elapsed, side="left")) + 1, 1), steps)
+        return j, float(cum[j - 1])
 
     def _cumulative(self, batch: int, context: int, steps: int) -> np.ndarray:
         contexts = context + batch * np.arange(steps, dtype=np.float64)
@@ -203,7 +203,7 @@ class RooflinePredictor(Predictor):
     def decode_next_boundary(self, batch: int, context: int, steps: int,
                              elapsed: float) -> tuple[int, float]:
         if elapsed <= 0:
-            return 0, 0.0
+            return 1, self.decode_time(batch, context, 1)
         const, c0, c1, m0, m1 = self._decode_lines(batch)
         p, q = max((c0 + c1 * context, c1 * batch), (m0 + m1 * context, m1 * batch))
         a, b = q / 2.0, const + p - q / 2.0            # S(j) = a j^2 + b j on that line

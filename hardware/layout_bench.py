@@ -5,7 +5,7 @@ sides, the same rank on both), the number of writes each mechanism's plan needs,
 transformation's throughput against a plain torch copy of the same bytes, measured in the same
 run on the same device (CPU, or CUDA when asked and present).
 
-    python -m hardware.layout_bench [--tokens 4096] [--device cpu|cuda] [--json]
+    python -m hardware.layout_bench [--tokens 4096] [--device cpu|cuda] [--threads 1] [--json]
 """
 
 from __future__ import annotations
@@ -57,24 +57,31 @@ def write_counts(req: RequestTransfer, tp: int) -> dict:
     return rows
 
 
-def _timed(fn, device: str, repeats: int) -> float:
-    """Best wall time of ``repeats`` calls (after one warm-up), synchronising CUDA."""
+def _timed(fns: dict, device: str, repeats: int) -> dict:
+    """Median wall time of each function in ``fns``: one warm-up call each, then ``repeats``
+    rounds calling them in turn, so that all of them see the same machine load."""
     import torch
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    fn()
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+    times = {name: [] for name in fns}
+    for fn in fns.values():
         fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+    sync()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def throughput(tokens: int, tp: int, dram: str, dtype: str, num_layers: int, device: str,
                repeats: int) -> dict:
-    """HAWK transformation vs ``torch`` copy of the request's GPU bytes, same device, same run."""
+    """HAWK transformation vs a plain torch copy of the same bytes, same device, same run.
+
+    The baseline copies the request's GPU KV bytes (what the transformation reads: its blocks
+    of every timed layer, K and V) once from one buffer to another with ``Tensor.copy_``.
+    """
     import torch
     from hardware import transform
     req = make_transfer(tokens, tp, dram, dtype, num_layers)
@@ -84,17 +91,19 @@ def throughput(tokens: int, tp: int, dram: str, dtype: str, num_layers: int, dev
     nbytes = req.num_tensors * req.block_table.size * req.gpu.block_bytes   # bytes read
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    prepare_s = _timed(lambda: transform.prepare(req, "hawk"), "cpu", repeats)
-    transform_s = _timed(lambda: transform.hawk_transform(layers, req, out=out, gather=gather),
-                         device, repeats)
-    copy_s = _timed(lambda: dst.copy_(src), device, repeats)
+    prepare_s = _timed({"prepare": lambda: transform.prepare(req, "hawk")}, "cpu",
+                       repeats)["prepare"]
+    t = _timed({"copy": lambda: dst.copy_(src),
+                "transform": lambda: transform.hawk_transform(layers, req, out=out,
+                                                              gather=gather)},
+               device, repeats)
     return dict(dtype=dtype, layers=num_layers, bytes_in=nbytes, bytes_out=out.numel(),
-                prepare_s=prepare_s, transform_s=transform_s, copy_s=copy_s,
-                transform_gbps=nbytes / transform_s / 1e9, copy_gbps=nbytes / copy_s / 1e9,
-                ratio=copy_s / transform_s)
+                prepare_s=prepare_s, transform_s=t["transform"], copy_s=t["copy"],
+                transform_gbps=nbytes / t["transform"] / 1e9, copy_gbps=nbytes / t["copy"] / 1e9,
+                ratio=t["copy"] / t["transform"])
 
 
-def run(tokens: int = 4096, device: str = "cpu", repeats: int = 3, tp: int = 4,
+def run(tokens: int = 4096, device: str = "cpu", repeats: int = 5, tp: int = 4,
         dram: str = "p150a", dtypes=("bfloat16", "bfloat8_b"), bench_layers: int = 8,
         threads: int | None = None) -> dict:
     """Write counts for the full 80-layer request; throughput over ``bench_layers`` layers."""
@@ -122,8 +131,8 @@ def format_table(result: dict) -> str:
     imb = result["write_counts"]["bank_imbalance"]
     lines.append(f"bank imbalance (max/mean): single buffer {imb['single_buffer']:.2f}, "
                  f"layout-aware {imb['layout_aware']:.2f}")
-    lines.append(f"transformation on {result['device']} ({result['threads']} threads) vs "
-                 f"torch copy of the same bytes:")
+    lines.append(f"transformation on {result['device']} ({result['threads']} threads) vs a "
+                 f"torch copy_ of the same bytes (the request's GPU KV blocks), medians:")
     for t in result["throughput"]:
         lines.append(f"  {t['dtype']:10s} {t['layers']} layers {t['bytes_in'] / 2**20:7.1f} MiB: "
                      f"transform {t['transform_gbps']:6.2f} GB/s, copy {t['copy_gbps']:6.2f} "
@@ -135,7 +144,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tp", type=int, default=4)
     parser.add_argument("--dram", choices=sorted(DRAMS), default="p150a")
     parser.add_argument("--layers", type=int, default=8, help="layers timed (counts use 80)")

@@ -63,11 +63,9 @@ def bfp_bytes(tiles: torch.Tensor, mag_bits: int, chunk: int = 512) -> torch.Ten
     n = tiles.shape[0]
     out = torch.empty((n, GROUPS + TILE_ELEMS * (mag_bits + 1) // 8), dtype=torch.uint8,
                       device=tiles.device)
-    narrow = tiles.dtype in NARROW_FLOATS
-    scratch = Scratch(min(n, chunk), tiles.device) if narrow else None
+    scratch = Scratch(min(n, chunk), tiles.device)
     for lo in range(0, n, chunk):
-        part = tiles[lo:lo + chunk]
-        _pack_bfp(part.float() if narrow else part, mag_bits, out[lo:lo + chunk], scratch)
+        _pack_bfp(tiles[lo:lo + chunk], mag_bits, out[lo:lo + chunk], scratch)
     return out
 
 
@@ -76,16 +74,21 @@ class Scratch:
 
     def __init__(self, tiles: int, device) -> None:
         elems = tiles * TILE_ELEMS
+        self.values = torch.empty(elems, device=device)                 # x as float32
         self.magnitude = torch.empty(elems, device=device)              # |x|
         self.code = torch.empty(elems, dtype=torch.int8, device=device)
         self.sign = torch.empty(elems, dtype=torch.int8, device=device)
 
 
-def _pack_bfp(x: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch) -> None:
-    """Block-float bytes of float32 tiles ``x`` into ``out`` rows. With ``scratch``, ``x`` holds
-    bfloat16 or float16 values and may be overwritten: the short recipe is then exact."""
-    if scratch is None or not _bfp_narrow(x, mag_bits, out, scratch):
-        _bfp_chunk(x, mag_bits, out)
+def _pack_bfp(tiles: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scratch) -> None:
+    """Block-float bytes of the tiles ``tiles`` [n, 1024] into the rows ``out``: the short
+    recipe for bfloat16 and float16 values, else (or where it declines) the integer one."""
+    if tiles.dtype in NARROW_FLOATS:
+        x = scratch.values[:tiles.numel()].view(tiles.shape)
+        x.copy_(tiles)
+        if _bfp_narrow(x, mag_bits, out, scratch):
+            return
+    _bfp_chunk(tiles, mag_bits, out)
 
 
 def _bfp_narrow(x: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scratch) -> bool:
@@ -116,13 +119,12 @@ def _bfp_narrow(x: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scra
     g.mul_(scale).add_(MAGIC).clamp_(MAGIC - lim, MAGIC + lim)        # MAGIC + signed code
     q = scratch.code[:g.numel()].view(n, TILE_ELEMS)
     q.copy_(x.view(torch.int32))                                        # low byte: -lim..lim
-    neg = torch.bitwise_right_shift(q, 7, out=scratch.sign[:q.numel()].view(q.shape))
-    q ^= neg & lim                                                      # -1 where negative
+    sign = torch.bitwise_and(q, -128 >> (7 - mag_bits), out=scratch.sign[:q.numel()].view(q.shape))
     out[:, :GROUPS] = shared.view(n, GROUPS)
-    if mag_bits == 7:
-        torch.sub(q, neg, out=out[:, GROUPS:].view(torch.int8))        # sign-magnitude
+    if mag_bits == 7:                                                   # sign-magnitude
+        torch.bitwise_or(q.abs_(), sign, out=out[:, GROUPS:].view(torch.int8))
         return True
-    codes = q.sub_(neg).view(torch.uint8)                              # low nibble: the code
+    codes = q.abs_().bitwise_or_(sign).view(torch.uint8)               # low nibble: the code
     torch.bitwise_or(codes[:, 0::2] & 0xF, codes[:, 1::2] << 4, out=out[:, GROUPS:])
     return True
 
@@ -327,7 +329,7 @@ def _unit_view(t: torch.Tensor, unit_bytes: int) -> torch.Tensor:
 
 
 def _pack_rows(x: torch.Tensor, dtype_name: str, out: torch.Tensor, scratch) -> None:
-    """Pack float32 tiles ``x`` [n, 1024] (overwritten) into the rows ``out`` [n, tile_bytes]."""
+    """Pack the tiles ``x`` [n, 1024] into the rows ``out`` [n, tile_bytes]."""
     fmt = tile_format(dtype_name)
     if fmt.is_block_float:
         _pack_bfp(x, fmt.mag_bits, out, scratch)
@@ -395,7 +397,7 @@ def _tile_layers(layers, req: RequestTransfer, tg: TileGather, view: torch.Tenso
                        g.head_size // TILE)
     index = _as_tensor(tg.index, device)
     direct = _direct_dtype(tt.dtype, dtype, view)
-    work = None if direct else torch.empty(view.shape[1], TILE_ELEMS, device=device)
+    work = None if direct else torch.empty(view.shape[1], TILE_ELEMS, dtype=dtype, device=device)
     block_float = tile_format(tt.dtype).is_block_float and dtype in NARROW_FLOATS
     scratch = Scratch(min(chunk, view.shape[1]), device) if block_float else None
     for i, layer in enumerate(layers):

@@ -182,7 +182,12 @@ def test_benchmark_reports_counts_and_ratios(capsys):
     assert counts["hawk"]["per_tensor"] == 12 and counts["per_page"]["per_tensor"] == 32
     assert counts["per_gpu_block"]["per_tensor"] == 16
     assert {t["dtype"] for t in result["throughput"]} == {"bfloat16", "bfloat8_b"}
-    assert all(t["ratio"] > 0 for t in result["throughput"])
+    req = layout_bench.make_transfer(256, 8, "wormhole", "bfloat8_b", 1)
+    for t in result["throughput"]:                  # the baseline copies the bytes read
+        assert t["bytes_in"] == req.num_tensors * req.block_table.size * req.gpu.block_bytes
+        assert t["ratio"] == pytest.approx(t["copy_s"] / t["transform_s"])
+        assert t["transform_gbps"] == pytest.approx(t["bytes_in"] / t["transform_s"] / 1e9)
+    assert "copy_ of the same bytes" in layout_bench.format_table(result)
     assert layout_bench.main(["--tokens", "128", "--layers", "1", "--repeats", "1", "--json"]) == 0
     assert '"write_counts"' in capsys.readouterr().out
 

@@ -170,8 +170,10 @@ class DecodeInstance:
             self._context_base -= ledger.prompt[i] + 1 - ledger.join_iteration[i]
             self._finish(i, now)
             freed = True
-        for _ in range(fcfs_decode_admit(len(self.waiting), len(running), self.max_batch_size)):
-            i = self.waiting.popleft()
+        waiting = self.waiting
+        for _ in range(fcfs_decode_admit(len(waiting), len(running), self.max_batch_size)
+                       if waiting else 0):
+            i = waiting.popleft()
             ledger.join_iteration[i] = it
             self._context_base += ledger.prompt[i] + 1 - it
             heapq.heappush(running, (it + ledger.output[i] - 1, i))

@@ -72,7 +72,10 @@ class KVLink:
         """Instant of the next completion, accounting for the pending entries before it."""
         t, served, n = self._served_at, self._served, len(self._active)
         head = self._active[0][0] if self._active else math.inf
-        for enter_at, _, wire, _, _ in sorted(self._pending):
+        pending = self._pending
+        if len(pending) > 1:
+            pending = sorted(pending)
+        for enter_at, _, wire, _, _ in pending:
             if n and t + (head - served) * n / self.bandwidth <= enter_at:
                 break
             if n:

@@ -55,7 +55,7 @@ class KVLink:
 
     def _advance(self, until: float) -> None:
         """Bring the virtual clock to ``until``, letting pending transfers enter on the way."""
-        pending, active, bw = self._pending, self._active, self.bandwidth
+        pending, active = self._pending, self._active
         while pending and pending[0][0] <= until:
             enter_at, seq, wire, on_done, arg = heapq.heappop(pending)
             self._run_clock(enter_at)

@@ -374,8 +374,11 @@ def _place(src: torch.Tensor, rows: torch.Tensor, tg: TileGather) -> None:
     per_tensor, step = rows.shape[0] // 2, rows.stride(0)
     if tg.runs is None:                                                 # tilize, then reorder
         tiles = src.reshape(-1, TILE_ELEMS)
-        picked = tiles.index_select(0, _as_tensor(tg.rows, tiles.device))
-        rows[:, :TILE_ELEMS].copy_(picked)
+        order = _as_tensor(tg.rows, tiles.device)
+        if rows.dtype == tiles.dtype and rows.shape[1] == TILE_ELEMS:
+            torch.index_select(tiles, 0, order, out=rows)
+        else:
+            rows[:, :TILE_ELEMS] = tiles.index_select(0, order)
         return
     for lo, hi, base, strides in tg.runs:                               # one strided copy a run
         size = (2, hi - lo) + tuple(src.shape[2:])

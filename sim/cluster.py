@@ -81,7 +81,8 @@ def workload_trace(config: RunConfig) -> Trace:
 
 def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
              until: float | None = None, predictors: tuple | None = None, pricing=None,
-             monitor_interval_s: float | None = None, progress: bool = False) -> RunResult:
+             monitor_interval_s: float | None = None, progress: bool = False,
+             eager_arrivals: bool = False) -> RunResult:
     """Run ``trace`` (default: the config's workload) through the configured cluster.
 
     ``until`` cuts the run at that simulated instant (open requests become ``unfinished``).
@@ -89,7 +90,9 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     ``pricing`` replaces the mechanism's transfer pricing (``price(num_tokens) -> cost``).
     ``monitor_interval_s`` samples the number of requests in the system at that interval
     (``stats["in_system"]``: (instant, count) pairs). ``progress`` shows a bar of arrivals
-    on stderr for long runs (100,000 requests or more; only on a terminal)."""
+    on stderr for long runs (100,000 requests or more; only on a terminal).
+    ``eager_arrivals`` gives every arrival its own timer even with one prefill instance (the
+    reference that lazy admission is tested against)."""
     config = config or RunConfig()
     trace = trace if trace is not None else workload_trace(config)
     cl = config.cluster
@@ -133,7 +136,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         from tqdm import tqdm
 
         bar = tqdm(total=len(trace), desc="arrivals", unit="req", disable=None, leave=False)
-    Router(env, ledger, prefills, decodes, ROUTING[cl.routing], model.max_context, bar)
+    Router(env, ledger, prefills, decodes, ROUTING[cl.routing], model.max_context, bar,
+           eager=eager_arrivals)
     samples: list[tuple[float, int]] = []
     if monitor_interval_s is not None:
         env.process(_monitor(env, ledger, monitor_interval_s, samples))
@@ -176,6 +180,6 @@ def _power_and_cost(stats: dict, summary: dict, config: RunConfig) -> dict:
 
 
 def _monitor(env, ledger, interval: float, samples: list):
-    while ledger.num_open > 0 or ledger.num_arrived < ledger.n:
-        samples.append((env.now, ledger.num_open))
+    while ledger.num_ended < ledger.n:
+        samples.append((env.now, ledger.num_in_system(env.now)))
         yield env.timeout(interval)

@@ -6,6 +6,7 @@ table (``traces.schema``). Lists indexed by position keep the hot path free of o
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -35,22 +36,25 @@ class Ledger:
         self.finished_at = [NAN] * n
         self.num_generated = [0] * n
         self.join_iteration = [0] * n   # decode iteration at which the request joined
-        self.num_open = 0               # arrived and not yet ended (for Little's law)
-        self.num_arrived = 0
+        self.num_ended = 0              # requests in a final state
         self.kv_bytes = [0] * n
 
     def fail(self, i: int, status: Status, now: float) -> None:
         assert self.status[i] is None, f"request {i} already ended as {self.status[i]}"
         self.status[i] = status
         self.finished_at[i] = now
-        self.num_open -= 1
+        self.num_ended += 1
 
     def finish(self, i: int, now: float) -> None:
         assert self.status[i] is None, f"request {i} already ended as {self.status[i]}"
         self.status[i] = Status.OK
         self.finished_at[i] = now
         self.num_generated[i] = self.output[i]
-        self.num_open -= 1
+        self.num_ended += 1
+
+    def num_in_system(self, now: float) -> int:
+        """Requests arrived by ``now`` and not yet ended (for Little's law)."""
+        return bisect.bisect_right(self.arrival_at, now) - self.num_ended
 
     def frame(self, cut_at: float | None = None):
         """Records table. Requests still open become ``unfinished`` only when the run was cut

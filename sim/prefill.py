@@ -2,8 +2,8 @@
 
 Each batch takes the longest FCFS head that fits the token budget, the batch size and the
 free blocks of the send buffer (``policies.batching``), waits the batch's predicted time (one
-timer), then hands every request to the decode side. The instance is driven by callbacks: a
-submit or a buffer release starts the next batch when it is idle. A request's KV cache stays
+timer), then hands every request to the decode side. The instance is driven by callbacks: an
+arrival or a buffer release starts the next batch when it is idle. A request's KV cache stays
 in the send buffer until the decode side has pulled it (``release``), so a slow decode side
 backs up into prefill.
 """
@@ -33,6 +33,7 @@ class PrefillInstance:
         self.busy_time = 0.0
         self.num_batches = 0
         self._busy = False
+        self.source = None                # a router admitting arrivals lazily, or None
 
     def fits(self, prompt_tokens: int) -> bool:
         """Whether a prompt can ever be prefilled here."""
@@ -43,26 +44,34 @@ class PrefillInstance:
     def load(self) -> int:
         return self.queued_tokens
 
-    def submit(self, i: int) -> None:
+    def enqueue(self, i: int) -> None:
+        """The router admits ``i`` here (at its arrival instant)."""
         self.queue.append(i)
         self.queued_tokens += self.ledger.prompt[i]
         self.ledger.prefill_instance[i] = self.index
+
+    def kick(self) -> None:
+        """Something changed (an arrival, a freed buffer): start a batch if idle."""
         if not self._busy:
             self._next_batch()
 
     def release(self, i: int) -> None:
         """The decode side has pulled request ``i``'s KV cache: free its send buffer."""
         self.free_blocks += blocks_for(self.ledger.prompt[i], self.block_size)
-        if not self._busy and self.queue:
+        if not self._busy:
             self._next_batch()
 
     def _next_batch(self) -> None:
-        """Start the next batch if one fits; otherwise stay idle until a submit or release."""
+        """Start the next batch if one fits; otherwise stay idle until a kick or release."""
+        if self.source is not None:
+            self.source.admit_until(self.env.now, self)
         queue, prompt = self.queue, self.ledger.prompt
         take = fcfs_prefill_batch((prompt[i] for i in queue), self.max_batch_size,
                                   self.max_batch_tokens, self.free_blocks, self.block_size)
         if take == 0:
             self._busy = False
+            if not queue and self.source is not None:
+                self.source.wake(self)
             return
         self._busy = True
         batch = [queue.popleft() for _ in range(take)]

@@ -112,3 +112,12 @@ def test_same_seed_same_bytes(tmp_path, suffix):
     assert other.read_bytes() != paths[0].read_bytes()
     back = read_records(paths[0])
     assert len(back) == 300 and set(back["status"]) == {"ok"}
+
+
+@pytest.mark.parametrize("seed,rate", [(0, 0.3), (1, 0.65), (2, 2.0)])
+def test_lazy_admission_equals_one_timer_per_arrival(seed, rate):
+    trace = random_trace(np.random.default_rng(seed), 300, rate, max_prompt=9000)
+    config = make_config(**{"cluster.prefill.max_batch_tokens": 8192})
+    lazy = simulate(config, trace).records
+    eager = simulate(config, trace, eager_arrivals=True).records
+    assert lazy.equals(eager)

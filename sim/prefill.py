@@ -58,7 +58,7 @@ class PrefillInstance:
     def release(self, i: int) -> None:
         """The decode side has pulled request ``i``'s KV cache: free its send buffer."""
         self.free_blocks += blocks_for(self.ledger.prompt[i], self.block_size)
-        if not self._busy:
+        if not self._busy and self.queue:   # an idle, empty instance waits for an arrival
             self._next_batch()
 
     def _next_batch(self) -> None:

@@ -25,6 +25,7 @@ import heapq
 from collections import deque
 
 import simpy
+from simpy.events import Timeout
 
 from policies.batching import fcfs_decode_admit
 from traces.schema import Status
@@ -148,7 +149,8 @@ class DecodeInstance:
             self._retime(done, start + factor * t)
 
     def _retime(self, steps: int, at: float) -> None:
-        timer = self._timer = self.env.timeout(max(0.0, at - self.env.now))
+        delay = at - self.env.now
+        timer = self._timer = Timeout(self.env, delay if delay > 0.0 else 0.0)
         self._timer_steps = steps
         timer.callbacks.append(self._on_timer)
 

@@ -14,6 +14,7 @@ import math
 from typing import Callable
 
 import simpy
+from simpy.events import Timeout
 
 
 class KVLink:
@@ -32,7 +33,7 @@ class KVLink:
         self._pending: list = []    # heap of (enter_at, seq, wire_bytes, callback, arg)
         self._active: list = []     # heap of (finish_served, seq, callback, arg)
         self._seq = 0
-        self._generation = 0
+        self._timer = None          # the live timer; any other one that fires is stale
         self._timer_at = math.inf
         self.bytes_moved = 0.0
         self.busy_time = 0.0        # time with at least one transfer on the wire
@@ -87,16 +88,16 @@ class KVLink:
         at = self._next_completion()
         if at == self._timer_at:
             return                  # the live timer already fires then
-        self._generation += 1
         self._timer_at = at
         if at == math.inf:
+            self._timer = None
             return
-        generation = self._generation
-        timer = self.env.timeout(max(0.0, at - self.env.now))
-        timer.callbacks.append(lambda _ev: self._on_timer(generation))
+        delay = at - self.env.now
+        self._timer = timer = Timeout(self.env, delay if delay > 0.0 else 0.0)
+        timer.callbacks.append(self._on_timer)
 
-    def _on_timer(self, generation: int) -> None:
-        if generation != self._generation:
+    def _on_timer(self, timer) -> None:
+        if timer is not self._timer:
             return                  # superseded by a later start
         self._timer_at = math.inf
         self._advance(self.env.now)

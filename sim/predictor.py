@@ -129,6 +129,7 @@ class RooflinePredictor(Predictor):
         self._decode_bytes_rate = bandwidth * efficiency.decode_memory_efficiency
         self._link = device.tp_link_gb_s * 1e9
         self._lines: dict[int, tuple[float, float, float, float, float]] = {}
+        self._single: dict[int, float] = {}           # prefill time of one prompt, by length
 
     def allreduce_time(self, tokens: int) -> float:
         """Two ring all-reduces per layer of ``tokens`` x hidden bf16 activations."""
@@ -139,6 +140,15 @@ class RooflinePredictor(Predictor):
         return 2 * self.model.num_layers * (self.eff.allreduce_latency_s + ring)
 
     def prefill_time(self, prompt_lens: Sequence[int]) -> float:
+        if len(prompt_lens) == 1:                      # the common batch at moderate load
+            n = prompt_lens[0]
+            t = self._single.get(n)
+            if t is None:
+                t = self._single[n] = self._prefill_time(prompt_lens)
+            return t
+        return self._prefill_time(prompt_lens)
+
+    def _prefill_time(self, prompt_lens: Sequence[int]) -> float:
         tokens = float(sum(prompt_lens))
         pairs = float(sum(n * (n + 1) // 2 for n in prompt_lens))   # causal attention
         flops = (self._body_flops_per_token * tokens + self._lm_head_flops * len(prompt_lens)

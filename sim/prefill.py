@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 
 import simpy
+from simpy.events import Timeout
 
 from policies.batching import blocks_for, fcfs_prefill_batch
 
@@ -76,15 +77,18 @@ class PrefillInstance:
         self._busy = True
         batch = [queue.popleft() for _ in range(take)]
         lens = [prompt[i] for i in batch]
-        self.queued_tokens -= sum(lens)
-        self.free_blocks -= sum(blocks_for(n, self.block_size) for n in lens)
+        tokens = sum(lens)
+        self.queued_tokens -= tokens
+        bs = self.block_size
+        self.free_blocks -= sum(-(-n // bs) for n in lens)
         start_at = self.env.now
+        start = self.ledger.prefill_start_at
         for i in batch:
-            self.ledger.prefill_start_at[i] = start_at
+            start[i] = start_at
         duration = self.predictor.prefill_time(lens)
         self.busy_time += duration
         self.num_batches += 1
-        timer = self.env.timeout(duration)
+        timer = Timeout(self.env, duration)
         timer.callbacks.append(lambda _ev: self._done(batch))
 
     def _done(self, batch: list[int]) -> None:

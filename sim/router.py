@@ -13,6 +13,8 @@ arrival. Both ways give the same instants.
 
 from __future__ import annotations
 
+from simpy.events import Timeout
+
 from traces.schema import Status
 
 
@@ -69,12 +71,13 @@ class Router:
         if self._wake_pending or self.next >= self.ledger.n:
             return
         self._wake_pending = True
-        timer = self.env.timeout(max(0.0, self.ledger.arrival_at[self.next] - self.env.now))
-        timer.callbacks.append(lambda _ev: self._woken(prefill))
+        delay = self.ledger.arrival_at[self.next] - self.env.now
+        timer = Timeout(self.env, delay if delay > 0.0 else 0.0)
+        timer.callbacks.append(self._woken)
 
-    def _woken(self, prefill) -> None:
+    def _woken(self, _timer) -> None:
         self._wake_pending = False
-        prefill.kick()
+        self.prefills[0].kick()
 
     # -- several prefill instances: one timer per arrival ---------------------------------
     def run(self):

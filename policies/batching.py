@@ -6,7 +6,7 @@ both. Each returns how many requests to take from the head of a FCFS queue.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -14,14 +14,15 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def fcfs_prefill_batch(prompt_lens: Sequence[int], max_batch_size: int, max_batch_tokens: int,
-                       free_blocks: int, block_size: int) -> int:
-    """vLLM-like prefill batch: the longest queue head whose prompts fit the token budget,
-    the batch size and the free KV blocks of the send buffer. Strict FCFS: stops at the first
-    request that does not fit (no overtaking)."""
+def fcfs_prefill_batch(queue: Iterable[int], prompt_lens: Sequence[int], max_batch_size: int,
+                       max_batch_tokens: int, free_blocks: int, block_size: int) -> int:
+    """vLLM-like prefill batch: the longest head of ``queue`` (request indices into
+    ``prompt_lens``) whose prompts fit the token budget, the batch size and the free KV blocks
+    of the send buffer. Strict FCFS: stops at the first request that does not fit."""
     taken = tokens = blocks = 0
-    for n in prompt_lens:
-        need = blocks_for(n, block_size)
+    for i in queue:
+        n = prompt_lens[i]
+        need = -(-n // block_size)
         if (taken == max_batch_size or tokens + n > max_batch_tokens
                 or blocks + need > free_blocks):
             break

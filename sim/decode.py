@@ -143,14 +143,14 @@ class DecodeInstance:
             return                                     # the oracle stops at every boundary
         self._stop_scheduled = True
         start, batch, context, steps, factor = self._plan
+        now = self.env.now
         done, t = self.predictor.decode_next_boundary(batch, context, steps,
-                                                      (self.env.now - start) / factor)
+                                                      (now - start) / factor)
         if done < steps:
-            self._retime(done, start + factor * t)
+            self._retime(done, start + factor * t, now)
 
-    def _retime(self, steps: int, at: float) -> None:
-        delay = at - self.env.now
-        timer = self._timer = Timeout(self.env, delay if delay > 0.0 else 0.0)
+    def _retime(self, steps: int, at: float, now: float) -> None:
+        timer = self._timer = Timeout(self.env, at - now if at > now else 0.0)
         self._timer_steps = steps
         timer.callbacks.append(self._on_timer)
 
@@ -185,7 +185,8 @@ class DecodeInstance:
             steps = running[0][0] - it if self.fast_forward else 1
             context = self._context_base + batch * it
             self._plan = (now, batch, context, steps, factor)
-            self._retime(steps, now + factor * self.predictor.decode_time(batch, context, steps))
+            self._retime(steps, now + factor * self.predictor.decode_time(batch, context, steps),
+                         now)
         else:
             self._plan = None
             self._timer = None

@@ -46,13 +46,14 @@ class KVLink:
               arg: int) -> None:
         """Begin a transfer: ``before_s`` of source-side work, then ``wire_bytes`` through the
         shared NIC; ``on_done(arg)`` runs when the last byte has landed."""
+        now = self.env.now
         self._seq += 1
         wire = float(wire_bytes)
-        heapq.heappush(self._pending, (self.env.now + before_s + self.latency_s, self._seq, wire,
+        heapq.heappush(self._pending, (now + before_s + self.latency_s, self._seq, wire,
                                        on_done, arg))
         self.bytes_moved += wire
-        self._advance(self.env.now)
-        self._schedule()
+        self._advance(now)
+        self._schedule(now)
 
     def _advance(self, until: float) -> None:
         """Bring the virtual clock to ``until``, letting pending transfers enter on the way."""
@@ -64,27 +65,34 @@ class KVLink:
         self._run_clock(until)
 
     def _run_clock(self, t: float) -> None:
-        if self._active and t > self._served_at:
-            self._served += (t - self._served_at) * self.bandwidth / len(self._active)
-            self.busy_time += t - self._served_at
-        self._served_at = max(self._served_at, t)
+        elapsed = t - self._served_at
+        if elapsed > 0:
+            if self._active:
+                self._served += elapsed * self.bandwidth / len(self._active)
+                self.busy_time += elapsed
+            self._served_at = t
 
     def _next_completion(self) -> float:
         """Instant of the next completion, accounting for the pending entries before it."""
         t, served, n = self._served_at, self._served, len(self._active)
-        head = self._active[0][0] if self._active else math.inf
+        head = self._active[0][0] if n else math.inf
         pending = self._pending
         if len(pending) > 1:
             pending = sorted(pending)
+        bw = self.bandwidth
         for enter_at, _, wire, _, _ in pending:
-            if n and t + (head - served) * n / self.bandwidth <= enter_at:
+            if n and t + (head - served) * n / bw <= enter_at:
                 break
             if n:
-                served += (enter_at - t) * self.bandwidth / n
-            t, n, head = enter_at, n + 1, min(head, served + wire)
-        return t + max(0.0, head - served) * n / self.bandwidth if n else math.inf
+                served += (enter_at - t) * bw / n
+            t, n = enter_at, n + 1
+            if served + wire < head:
+                head = served + wire
+        if not n:
+            return math.inf
+        return t + (head - served) * n / bw if head > served else t
 
-    def _schedule(self) -> None:
+    def _schedule(self, now: float) -> None:
         at = self._next_completion()
         if at == self._timer_at:
             return                  # the live timer already fires then
@@ -92,24 +100,26 @@ class KVLink:
         if at == math.inf:
             self._timer = None
             return
-        delay = at - self.env.now
-        self._timer = timer = Timeout(self.env, delay if delay > 0.0 else 0.0)
+        self._timer = timer = Timeout(self.env, at - now if at > now else 0.0)
         timer.callbacks.append(self._on_timer)
 
     def _on_timer(self, timer) -> None:
         if timer is not self._timer:
             return                  # superseded by a later start
+        now = self.env.now
         self._timer_at = math.inf
-        self._advance(self.env.now)
+        self._advance(now)
         # The timer was set for the head's completion, so the head is done whatever rounding
         # says (large clocks times large bandwidths lose bytes to rounding); others finishing
         # at the same instant go with it.
-        self._served = max(self._served, self._active[0][0])
+        active = self._active
+        if active[0][0] > self._served:
+            self._served = active[0][0]
         done = []
-        tolerance = 1e-9 * max(1.0, self._served)
-        while self._active and self._active[0][0] <= self._served + tolerance:
-            _, _, on_done, arg = heapq.heappop(self._active)
+        limit = self._served + 1e-9 * (self._served if self._served > 1.0 else 1.0)
+        while active and active[0][0] <= limit:
+            _, _, on_done, arg = heapq.heappop(active)
             done.append((on_done, arg))
-        self._schedule()
+        self._schedule(now)
         for on_done, arg in done:
             on_done(arg)

@@ -64,13 +64,14 @@ class BlockPool:
     def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
         if request in self.held:
             raise ValueError(f"request {request!r} already holds a reservation")
-        need = self.blocks_needed(num_prompt_tokens, num_output_tokens)
+        need = -(-(num_prompt_tokens + num_output_tokens) // self.block_size)
         if need > self.free_blocks:
             self.num_waits += 1
             return WAIT
         self.free_blocks -= need
         self.held[request] = need
-        self.peak_blocks = max(self.peak_blocks, self.capacity_blocks - self.free_blocks)
+        if self.capacity_blocks - self.free_blocks > self.peak_blocks:
+            self.peak_blocks = self.capacity_blocks - self.free_blocks
         return OK
 
     def relayout_done(self, request) -> None:

@@ -181,7 +181,7 @@ class RooflinePredictor(Predictor):
         return const + max(c0 + c1 * context, m0 + m1 * context)
 
     def decode_time(self, batch: int, context: int, steps: int) -> float:
-        const, c0, c1, m0, m1 = self._decode_lines(batch)
+        const, c0, c1, m0, m1 = self._lines.get(batch) or self._decode_lines(batch)
         return steps * const + _sum_max_lines(c0 + c1 * context, c1 * batch,
                                               m0 + m1 * context, m1 * batch, steps)
 

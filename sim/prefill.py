@@ -67,8 +67,8 @@ class PrefillInstance:
         if self.source is not None:
             self.source.admit_until(self.env.now, self)
         queue, prompt = self.queue, self.ledger.prompt
-        take = fcfs_prefill_batch((prompt[i] for i in queue), self.max_batch_size,
-                                  self.max_batch_tokens, self.free_blocks, self.block_size)
+        take = fcfs_prefill_batch(queue, prompt, self.max_batch_size, self.max_batch_tokens,
+                                  self.free_blocks, self.block_size) if queue else 0
         if take == 0:
             self._busy = False
             if not queue and self.source is not None:

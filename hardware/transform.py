@@ -12,9 +12,9 @@ How it runs (head size a multiple of 32): one ``index_select`` of 16-token piece
 contiguous copies) builds the request's tokens; one strided ``copy_`` then tilizes them and,
 where a run's send rows are affine in the tile coordinates (a run that starts at bank 0 and
 fills whole bank rows), regroups them by bank in the same copy; otherwise the page-ordered
-tiles are reordered with one ``index_select`` of whole pages. Block floats from a bfloat16 or
-float16 cache are packed with a short float recipe (``_bfp_narrow``); other inputs take the
-integer recipe of ``hardware.tiles``. ``_transform_stepwise`` is the paper's steps one by one.
+tiles are reordered with one ``index_select`` of whole pages. Packing (tile formats, the short
+block-float recipe and its integer fallback) lives in ``hardware.tile_torch``.
+``_transform_stepwise`` is the paper's steps one by one.
 """
 
 from __future__ import annotations
@@ -29,140 +29,11 @@ import torch
 from hardware.kv_layout import GpuKVSpec
 from hardware.dram import contiguous_runs
 from hardware.plans import RequestTransfer, hawk_segments
-from hardware.tiles import FACE, GROUPS, TILE, TILE_ELEMS, tile_format
+from hardware.tile_torch import NARROW_FLOATS, Scratch, pack, pack_rows, pack_tiles
+from hardware.tile_torch import _bfp_narrow, bfp_bytes  # noqa: F401  (old location)
+from hardware.tiles import FACE, TILE, TILE_ELEMS, tile_format
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-NARROW_FLOATS = (torch.bfloat16, torch.float16)   # packed by the short block-float recipe
-MAGIC = 1.5 * 2.0 ** 23   # v + MAGIC rounds v (|v| < 2^22) to an integer, half to even
-
-
-def tilize(x: torch.Tensor) -> torch.Tensor:
-    """``[..., H, W]`` -> ``[n_tiles, 1024]`` in tile element order, zero-padded."""
-    *lead, h, w = x.shape
-    hp, wp = -(-h // TILE) * TILE, -(-w // TILE) * TILE
-    x = x.reshape(-1, h, w)                                            # [L, H, W]
-    if (hp, wp) != (h, w):
-        x = torch.nn.functional.pad(x, (0, wp - w, 0, hp - h))         # [L, Hp, Wp]
-    t = x.reshape(x.shape[0], hp // TILE, 2, FACE, wp // TILE, 2, FACE)  # (L, tr, fr, r, tc, fc, c)
-    return t.permute(0, 1, 4, 2, 5, 3, 6).reshape(-1, TILE_ELEMS)    # (L, tr, tc, fr, fc, r, c)
-
-
-def bf16_bytes(tiles: torch.Tensor) -> torch.Tensor:
-    """float tiles ``[n, 1024]`` -> bfloat16 bytes ``[n, 2048]`` (nearest even, NaN -> 0x7FC0)."""
-    bf = tiles if tiles.dtype == torch.bfloat16 else tiles.float().to(torch.bfloat16)
-    bits = bf.contiguous().view(torch.int16)
-    bits = torch.where(torch.isnan(bf), torch.full_like(bits, 0x7FC0), bits)
-    return bits.view(torch.uint8).reshape(tiles.shape[0], -1)
-
-
-def bfp_bytes(tiles: torch.Tensor, mag_bits: int, chunk: int = 512) -> torch.Tensor:
-    """float tiles ``[n, 1024]`` -> block-float bytes ``[n, 64 + codes]`` (FACTS.md 2).
-
-    Works ``chunk`` tiles at a time, reusing the same scratch buffers.
-    """
-    n = tiles.shape[0]
-    out = torch.empty((n, GROUPS + TILE_ELEMS * (mag_bits + 1) // 8), dtype=torch.uint8,
-                      device=tiles.device)
-    scratch = Scratch(min(n, chunk), tiles.device)
-    for lo in range(0, n, chunk):
-        _pack_bfp(tiles[lo:lo + chunk], mag_bits, out[lo:lo + chunk], scratch)
-    return out
-
-
-class Scratch:
-    """Buffers for ``_bfp_narrow`` on up to ``tiles`` tiles, allocated once per transform."""
-
-    def __init__(self, tiles: int, device) -> None:
-        elems = tiles * TILE_ELEMS
-        self.values = torch.empty(elems, device=device)                 # x as float32
-        self.magnitude = torch.empty(elems, device=device)              # |x|
-        self.code = torch.empty(elems, dtype=torch.int8, device=device)
-        self.sign = torch.empty(elems, dtype=torch.int8, device=device)
-
-
-def _pack_bfp(tiles: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scratch) -> None:
-    """Block-float bytes of the tiles ``tiles`` [n, 1024] into the rows ``out``: the short
-    recipe for bfloat16 and float16 values, else (or where it declines) the integer one."""
-    if tiles.dtype in NARROW_FLOATS:
-        x = scratch.values[:tiles.numel()].view(tiles.shape)
-        x.copy_(tiles)
-        if _bfp_narrow(x, mag_bits, out, scratch):
-            return
-    _bfp_chunk(tiles, mag_bits, out)
-
-
-def _bfp_narrow(x: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scratch) -> bool:
-    """Encode float32 tiles ``x`` [n, 1024] that hold bfloat16 or float16 values (overwritten).
-
-    Such a value has at most 11 significant bits, so the alignment shift of ``hardware.tiles``
-    drops no bit that could reach the rounding position: the magnitude code is exactly
-    ``|x| * 2^(126 + mag_bits - E)`` rounded half to even, done by one scaling and the float
-    add of ``1.5 * 2^23``; the signed int8 result then becomes sign-magnitude. Returns False,
-    writing nothing, when a group needs the general recipe (inf or NaN; a nonzero group whose
-    shared exponent is at most ``mag_bits``, where denormals would not round to 0).
-    """
-    n = x.shape[0]
-    g = x.view(n * GROUPS, FACE)                                        # [G, 16]
-    mag = torch.abs(g, out=scratch.magnitude[:g.numel()].view(g.shape))
-    top = mag.view(torch.int32).amax(-1, keepdim=True)                 # [G, 1] max |x| bits
-    shared = top >> 23                                                  # exponent field E
-    lo, hi = (int(v) for v in torch.aminmax(shared))
-    if hi == 255:
-        return False
-    scaled = shared
-    if lo <= mag_bits:
-        if bool(((top > 0) & (shared <= mag_bits)).any()):
-            return False
-        scaled = shared.clamp(min=mag_bits + 1)                        # all-zero groups: any scale
-    scale = ((253 + mag_bits - scaled) << 23).view(torch.float32)     # 2^(126 + mag_bits - E)
-    lim = (1 << mag_bits) - 1
-    g.mul_(scale).add_(MAGIC).clamp_(MAGIC - lim, MAGIC + lim)        # MAGIC + signed code
-    q = scratch.code[:g.numel()].view(n, TILE_ELEMS)
-    q.copy_(x.view(torch.int32))                                        # low byte: -lim..lim
-    sign = torch.bitwise_and(q, -128 >> (7 - mag_bits), out=scratch.sign[:q.numel()].view(q.shape))
-    out[:, :GROUPS] = shared.view(n, GROUPS)
-    if mag_bits == 7:                                                   # sign-magnitude
-        torch.bitwise_or(q.abs_(), sign, out=out[:, GROUPS:].view(torch.int8))
-        return True
-    codes = q.abs_().bitwise_or_(sign).view(torch.uint8)               # low nibble: the code
-    torch.bitwise_or(codes[:, 0::2] & 0xF, codes[:, 1::2] << 4, out=out[:, GROUPS:])
-    return True
-
-
-def _bfp_chunk(tiles: torch.Tensor, mag_bits: int, out: torch.Tensor) -> None:
-    """The integer recipe of ``hardware.tiles.bfp_encode`` on the float32 bit patterns, for
-    any input (float32 values, inf and NaN included)."""
-    n = tiles.shape[0]
-    bits = tiles.float().reshape(n * GROUPS, FACE).view(torch.int32)   # [G, 16]
-    exp = (bits >> 23) & 0xFF
-    shared = exp.amax(-1, keepdim=True)                                 # [G, 1]
-    mant = ((bits & 0x7FFFFF) | 0x800000) * (exp > 0)                  # 24-bit significand
-    aligned = mant >> (shared - exp).clamp_(max=31)                    # shifted-out bits lost
-    drop = 24 - mag_bits
-    half = 1 << (drop - 1)
-    q = ((aligned + (half - 1) + ((aligned >> drop) & 1)) >> drop).clamp_(max=(1 << mag_bits) - 1)
-    codes = (q | ((bits >> (31 - mag_bits)) & (1 << mag_bits)) * (q > 0)).to(torch.uint8)
-    codes = codes.view(n, TILE_ELEMS)
-    if mag_bits == 3:
-        codes = codes[:, 0::2] | (codes[:, 1::2] << 4)                 # [n, 512]
-    out[:, :GROUPS] = shared.view(n, GROUPS)
-    out[:, GROUPS:] = codes
-
-
-def pack_tiles(tiles: torch.Tensor, dtype_name: str) -> torch.Tensor:
-    """``[n, 1024]`` tiles -> ``[n, tile_bytes]`` uint8 in format ``dtype_name``."""
-    fmt = tile_format(dtype_name)
-    if fmt.is_block_float:
-        return bfp_bytes(tiles, fmt.mag_bits)
-    if fmt.name == "bfloat16":
-        return bf16_bytes(tiles)
-    return tiles.float().contiguous().view(torch.uint8).reshape(tiles.shape[0], -1)
-
-
-def pack(x: torch.Tensor, dtype_name: str) -> torch.Tensor:
-    """Torch twin of ``hardware.tiles.pack``: ``[..., H, W]`` -> ``[n_tiles, tile_bytes]``."""
-    tile_format(dtype_name)
-    return pack_tiles(tilize(x), dtype_name)
 
 
 def _as_tensor(x, device) -> torch.Tensor:
@@ -328,15 +199,6 @@ def _unit_view(t: torch.Tensor, unit_bytes: int) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8).view(-1, unit_bytes)
 
 
-def _pack_rows(x: torch.Tensor, dtype_name: str, out: torch.Tensor, scratch) -> None:
-    """Pack the tiles ``x`` [n, 1024] into the rows ``out`` [n, tile_bytes]."""
-    fmt = tile_format(dtype_name)
-    if fmt.is_block_float:
-        _pack_bfp(x, fmt.mag_bits, out, scratch)
-    else:
-        out.copy_(pack_tiles(x, dtype_name))
-
-
 def _direct_dtype(dtype_name: str, cache_dtype: torch.dtype, view: torch.Tensor):
     """The dtype whose values a copy can write straight into the send rows, or None."""
     target = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype_name)
@@ -411,7 +273,7 @@ def _tile_layers(layers, req: RequestTransfer, tg: TileGather, view: torch.Tenso
         rows = view[i].view(direct).view(view.shape[1], -1) if direct else work
         _place(src, rows, tg)
         for lo in range(0, 0 if direct else work.shape[0], chunk):
-            _pack_rows(work[lo:lo + chunk], tt.dtype, view[i, lo:lo + chunk, :tt.page_bytes],
+            pack_rows(work[lo:lo + chunk], tt.dtype, view[i, lo:lo + chunk, :tt.page_bytes],
                        scratch)
 
 

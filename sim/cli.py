@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from sim.config import ConfigError, RunConfig, load_config
+from sim.transfer import MECHANISMS
 from traces.workloads import WORKLOADS
 
 EXTRA_COMMANDS = ("traces.commands", "hardware.commands", "sim.paper_commands")
@@ -41,6 +42,8 @@ def _config_from_args(args) -> RunConfig:
         changes["workload.duration_s"] = args.duration
         if getattr(args, "num_requests", None) is None:
             changes["workload.num_requests"] = None
+    if getattr(args, "mechanism", None) is not None:
+        changes["cluster.link.mechanism"] = args.mechanism
     if getattr(args, "oracle", False):
         changes["cluster.fast_forward"] = False
     return config.replace(**changes) if changes else config
@@ -54,6 +57,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed (default 0)")
     p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds")
     p.add_argument("--tpot-slo", type=float, help="TPOT SLO in seconds")
+    p.add_argument("--mechanism", choices=sorted(MECHANISMS),
+                   help="KV transfer mechanism (default GN-HAWK)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 

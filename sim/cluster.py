@@ -64,7 +64,12 @@ def kv_capacity_blocks(config: RunConfig, inst: InstanceConfig) -> int:
     if inst.kv_cache_gb > 0:
         free = min(free, inst.kv_cache_gb * 1e9)
     block_bytes = model.kv_bytes_per_token(inst.kv_dtype) * inst.block_size
-    return int(free // block_bytes)
+    blocks = int(free // block_bytes)
+    if inst.max_num_blocks > blocks:
+        raise ConfigError(f"cluster.{inst.role}.max_num_blocks = {inst.max_num_blocks}, but only "
+                          f"{blocks} blocks of {block_bytes / 1e6:.2f} MB fit in the "
+                          f"{free / 1e9:.1f} GB left for the KV cache")
+    return inst.max_num_blocks or blocks
 
 
 def workload_trace(config: RunConfig) -> Trace:

@@ -56,6 +56,8 @@ class InstanceConfig:
     memory_utilization: float = 0.9     # share of device memory for weights + KV (rest: activations)
     kv_cache_gb: float = 0.0            # cap on KV memory in GB (prefill: the send buffer;
                                         # decode: the KV pool); 0 = all free memory
+    max_num_blocks: int = 0             # KV blocks the serving engine allocates (TT vLLM's
+                                        # max_num_blocks); 0 = as many as memory holds
     role: str = "instance"
 
     def __post_init__(self) -> None:
@@ -70,6 +72,7 @@ class InstanceConfig:
         _check_choice(w, "weight_format", self.weight_format, WEIGHT_FORMATS)
         _check_range(w, "memory_utilization", self.memory_utilization, 0.05, 1.0)
         _check_range(w, "kv_cache_gb", self.kv_cache_gb, 0.0, 1e6)
+        _check_range(w, "max_num_blocks", self.max_num_blocks, 0, 10**9, integer=True)
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,9 @@ def _prefill_default() -> InstanceConfig:
 
 
 def _decode_default() -> InstanceConfig:
+    # TT vLLM plugin: paged KV for 32 sequences x 2048 tokens in 32-token blocks (paper profile)
     return InstanceConfig(device="p150a", max_batch_size=32, block_size=32, kv_dtype="bfloat8_b",
-                          weight_format="tt-mixed", role="decode")
+                          weight_format="tt-mixed", max_num_blocks=2048, role="decode")
 
 
 @dataclass(frozen=True)

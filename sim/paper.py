@@ -82,8 +82,7 @@ def base_config(name: str, workload: str = "chatbot", profile: str = PROFILE) ->
         "cluster.decode.weight_format": "tt-mixed" if npu else "bfloat16",
         "cluster.decode.max_batch_size": s["npu_decode_max_batch_size" if npu
                                            else "gpu_decode_max_batch_size"],
-        "cluster.decode.kv_cache_gb": (s["npu_kv_blocks"] * s["npu_block_size"]
-                                       * kv["npu_bytes_per_token"] / 1e9) if npu else 0.0,
+        "cluster.decode.max_num_blocks": s["npu_kv_blocks"] if npu else 0,
         "cluster.link.bandwidth_gb_s": transfer_params(profile).nic_bandwidth_gb_s,
         "workload.name": workload, "slo.ttft_s": spec.ttft_slo_s, "slo.tpot_s": spec.tpot_slo_s,
     })

@@ -103,3 +103,10 @@ def test_simulate_names_the_bad_trace_row(tmp_path, capsys):
     assert "t.csv" in err and "line 3" in err and "ContextTokens" in err
     summary = run_json(capsys, "simulate", "--trace", str(path), "--skip-bad", "--json")
     assert summary["num_requests"] == 2
+
+
+def test_mechanism_flag_selects_the_transfer_path(capsys):
+    hawk = run_json(capsys, "simulate", "--num-requests", "200", "--json")
+    host = run_json(capsys, "simulate", "--num-requests", "200", "--mechanism", "GN-Host",
+                    "--json")
+    assert host["ttft_p50_s"] > hawk["ttft_p50_s"]        # host staging costs time

@@ -66,7 +66,7 @@ def test_notebook_executes():
     nbclient = pytest.importorskip("nbclient")
     root = Path(__file__).resolve().parents[1]
     nb = nbformat.read(root / "notebooks" / "paper.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", startup_timeout=180,
                             resources={"metadata": {"path": str(root)}}).execute()
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]

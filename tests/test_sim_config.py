@@ -39,6 +39,14 @@ def test_a_model_that_does_not_fit_the_device_is_refused():
         simulate(config.replace(**{"workload.num_requests": 5}))
 
 
+def test_more_blocks_than_memory_holds_is_refused():
+    config = RunConfig().replace(**{"cluster.decode.max_num_blocks": 10**7})
+    with pytest.raises(ConfigError, match=r"cluster\.decode\.max_num_blocks = 10000000, but only "
+                                          r"\d+ blocks"):
+        kv_capacity_blocks(config, config.cluster.decode)
+    assert kv_capacity_blocks(RunConfig(), RunConfig().cluster.decode) == 2048
+
+
 def test_toml_file_round_trip(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text("""

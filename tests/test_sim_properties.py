@@ -59,7 +59,8 @@ def test_decode_back_pressure_reaches_prefill():
     per_prefill = 2000 * model.kv_bytes_per_token(base.cluster.prefill.kv_dtype) / 1e9
     per_decode = 2080 * model.kv_bytes_per_token(base.cluster.decode.kv_dtype) / 1e9
     config = base.replace(**{"cluster.prefill.kv_cache_gb": 3.5 * per_prefill,
-                             "cluster.decode.kv_cache_gb": 2.5 * per_decode})
+                             "cluster.decode.kv_cache_gb": 2.5 * per_decode,
+                             "cluster.decode.max_num_blocks": 0})
     # prefill 0.1 s per request, decode 50 ms per step: a request decodes for ~2.5 s
     table = TablePredictor([1, 10_000], [0.1, 0.1], [1, 64], [0, 1e7], [[0.05, 0.05]] * 2)
     result = simulate(config, trace, predictors=(table, table))
@@ -85,7 +86,8 @@ def test_requests_that_can_never_fit_fail_with_named_statuses():
     records = simulate(config, trace).records
     assert records["status"].tolist() == ["ok", "rejected_prompt_too_long", "ok",
                                           "rejected_prompt_too_long"]
-    small_decode = make_config(**{"cluster.decode.memory_utilization": 0.4})
+    small_decode = make_config(**{"cluster.decode.memory_utilization": 0.4,
+                                  "cluster.decode.max_num_blocks": 0})
     huge = make_trace([0.0, 1.0], [3000, 100], [120_000, 10])
     records = simulate(small_decode, huge).records
     assert records["status"].tolist() == ["rejected_decode_capacity", "ok"]

@@ -1,8 +1,9 @@
 """Algorithm 1 (PAPER.md section 4) as a protocol between a prefill and a decode process.
 
-Control messages are length-prefixed JSON over TCP, bound to 127.0.0.1 unless told otherwise,
-and every message carries a shared token. Bulk bytes move on a ``hardware.transport`` (the
-decode side reads them one-sidedly from the prefill side's registered send buffer)::
+Control messages are length-prefixed JSON over TCP (framing, error answers and checksums in
+``hardware.wire``), bound to 127.0.0.1 unless told otherwise, and every message carries a
+shared token. Bulk bytes move on a ``hardware.transport`` (the decode side reads them
+one-sidedly from the prefill side's registered send buffer)::
 
     decode (DecodeClient)                          prefill (PrefillServer)
     hello(token, endpoint)                   ->    check token; connect transport
@@ -14,6 +15,7 @@ decode side reads them one-sidedly from the prefill side's registered send buffe
     D2-D5 plan = sink.plan(r, dest, meta); post as one batch; wait; verify checksums
     D6-D7 sink.complete(r, meta)                                                 (rebuild)
     D8-D9 sink.release(r); done(r, ok)       ->    P8-P9 release the send-buffer reservation
+    reserved                                 ->    (any time) request ids holding send buffer
 
 Every reservation is released on success, on error and on timeout: the decode side in a
 ``finally``; the prefill side on ``done``, when the control connection drops (peer killed), and
@@ -24,12 +26,9 @@ when a reservation outlives ``lease_s``. A full send buffer answers ``SendBuffer
 from __future__ import annotations
 
 import hmac
-import json
 import socket
-import struct
 import threading
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -38,77 +37,13 @@ import numpy as np
 from hardware.plan import TransferPlan
 from hardware.transport.buffers import Reservations
 from hardware.transport.base import (
-    AuthError, ChecksumMismatch, PeerLost, ProtocolError, Region, SendBufferExhausted,
-    TransferTimeout, Transport, TransportError, UnknownRequest, buffer_address,
+    AuthError, ChecksumMismatch, PeerLost, ProtocolError, Region, TransferTimeout, Transport,
+    TransportError, UnknownRequest, buffer_address,
 )
-
-MAX_MESSAGE = 64 << 20
-ERRORS = {cls.__name__: cls for cls in (AuthError, UnknownRequest, SendBufferExhausted,
-                                        ProtocolError)}
-
-
-# -- wire ------------------------------------------------------------------------------------
-def send_msg(sock: socket.socket, msg: dict) -> None:
-    body = json.dumps(msg).encode()
-    sock.sendall(struct.pack("!I", len(body)) + body)
-
-
-def recv_msg(sock: socket.socket, peer: str) -> dict:
-    """One message; ``PeerLost`` on EOF or reset, ``TransferTimeout`` on the socket timeout."""
-    (n,) = struct.unpack("!I", _recv_exact(sock, 4, peer))
-    if n > MAX_MESSAGE:
-        raise ProtocolError(f"{peer}: message of {n} B exceeds {MAX_MESSAGE} B")
-    try:
-        return json.loads(_recv_exact(sock, n, peer, may_time_out=False))
-    except ValueError as e:
-        raise ProtocolError(f"{peer}: message is not JSON") from e
-
-
-def _recv_exact(sock: socket.socket, n: int, peer: str, may_time_out: bool = True) -> bytes:
-    """``n`` bytes; a timeout is raised only before the first byte of a message, so that a
-    message is never half read."""
-    buf = bytearray()
-    while len(buf) < n:
-        try:
-            chunk = sock.recv(n - len(buf))
-        except socket.timeout as e:
-            if may_time_out and not buf:
-                raise TransferTimeout(f"{peer}: no answer within {sock.gettimeout()} s") from e
-            continue
-        except OSError as e:
-            raise PeerLost(f"{peer}: connection lost ({e})") from e
-        if not chunk:
-            raise PeerLost(f"{peer}: connection closed by the peer")
-        buf += chunk
-    return bytes(buf)
-
-
-def segment_crcs(data: np.ndarray, segment_bytes: int) -> list[int]:
-    """CRC32 of each ``segment_bytes`` slice of a payload (the sender's side)."""
-    return [zlib.crc32(data[i:i + segment_bytes]) for i in range(0, data.size, segment_bytes)]
-
-
-def received_crcs(plan: TransferPlan, regions, nbytes: int, segment_bytes: int) -> list[int]:
-    """The same CRCs over the bytes as they landed: the plan's writes read back in payload
-    order from the (host) destination regions; ``plan.src_offset`` is relative to the payload."""
-    import ctypes
-
-    crcs = [0] * -(-nbytes // segment_bytes)
-    covered = 0
-    for i in np.argsort(plan.src_offset, kind="stable"):
-        s, n = int(plan.src_offset[i]), int(plan.nbytes[i])
-        if s != covered:
-            raise ProtocolError(f"plan {plan.kind!r}: payload bytes [{covered}, {s}) are "
-                                f"not written, so they cannot be checked")
-        piece = ctypes.string_at(regions[plan.dst_region[i]].address + int(plan.dst_offset[i]),
-                                 n)
-        while piece:
-            seg = s // segment_bytes
-            take = min(len(piece), (seg + 1) * segment_bytes - s)
-            crcs[seg] = zlib.crc32(piece[:take], crcs[seg])
-            piece, s = piece[take:], s + take
-        covered = s
-    return crcs
+from hardware.wire import (  # noqa: F401  (MAX_MESSAGE, ERRORS: public names kept here)
+    ERRORS, MAX_MESSAGE, error_reply, raise_for_reply, received_crcs, recv_msg, segment_crcs,
+    send_msg,
+)
 
 
 # -- the prefill side --------------------------------------------------------------------------
@@ -204,7 +139,7 @@ class PrefillServer:
 
     def _handle(self, msg: dict, cid: int) -> tuple[dict, bool]:
         if not hmac.compare_digest(str(msg.get("token", "")), self.token):
-            return _error(AuthError(f"prefill {self.address}: wrong token")), True
+            return error_reply(AuthError(f"prefill {self.address}: wrong token")), True
         op = msg.get("op")
         try:
             if op == "hello":
@@ -217,9 +152,11 @@ class PrefillServer:
                 with self._lock:
                     self._release(str(msg["request_id"]), cid)
                 return {"ok": True}, False
+            if op == "reserved":
+                return {"ok": True, "reserved": sorted(self.reserved())}, False
             raise ProtocolError(f"prefill {self.address}: unknown op {op!r}")
         except (TransportError, KeyError, TypeError) as e:
-            return _error(e), False
+            return error_reply(e), False
 
     def _pull(self, request_id: str, dest: dict, cid: int) -> dict:
         """P1-P7: look up and transform, reserve, copy into the send buffer, answer metadata."""
@@ -266,11 +203,6 @@ class PrefillServer:
             for key in [k for k, (_, dl) in self._owner.items() if dl < now]:
                 self.errors.append(f"request {key!r}: lease of {self.lease_s} s expired")
                 self._release(key)
-
-
-def _error(e: Exception) -> dict:
-    name = type(e).__name__ if type(e).__name__ in ERRORS else "ProtocolError"
-    return {"ok": False, "error": name, "message": str(e)}
 
 
 def _host_bytes(data) -> np.ndarray:
@@ -348,10 +280,7 @@ class DecodeClient:
         except OSError as e:
             self._sock.close()
             raise PeerLost(f"{self.peer}: connection lost sending {msg['op']} ({e})") from e
-        if not reply.get("ok"):
-            cls = ERRORS.get(reply.get("error"), ProtocolError)
-            raise cls(reply.get("message", f"{self.peer}: {msg['op']} failed"))
-        return reply
+        return raise_for_reply(reply, f"{self.peer}: {msg['op']}")
 
     def pull(self, request_id: str, timeout_s: float | None = None) -> PullResult:
         """Algorithm 1 for one request; every reservation is released on every path."""
@@ -378,6 +307,10 @@ class DecodeClient:
             self.sink.release(request_id)                                               # D8-D9
             if answered:
                 self._done(request_id)
+
+    def peer_reserved(self) -> list[str]:
+        """Request ids holding the prefill side's send buffer now (a leak check)."""
+        return list(self._call({"op": "reserved"})["reserved"])
 
     def _check_size(self, plan: TransferPlan, meta: dict) -> None:
         if plan.src_size > meta["nbytes"]:

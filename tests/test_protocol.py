@@ -200,6 +200,23 @@ def test_dropped_decode_connection_releases_its_reservations(make_cluster):
     assert wait_until(lambda: not c.server.reserved())
 
 
+def test_reserved_op_lists_what_the_send_buffer_holds(make_cluster):
+    c = make_cluster(payloads([8 * KIB, 8 * KIB]))
+    client, s = c.client(), c.raw()
+    assert client.peer_reserved() == []
+    send_msg(s, {"op": "pull", "token": TOKEN, "request_id": "r1", "dest": {}})
+    assert recv_msg(s, "test")["ok"]
+    assert client.peer_reserved() == ["r1"]
+    client.pull("r0")
+    assert client.peer_reserved() == ["r1"]
+    send_msg(s, {"op": "done", "token": TOKEN, "request_id": "r1"})
+    assert recv_msg(s, "test")["ok"]
+    assert client.peer_reserved() == []
+    send_msg(s, {"op": "reserved", "token": "guess"})
+    assert recv_msg(s, "test")["error"] == "AuthError"
+    s.close()
+
+
 def test_expired_lease_is_released(make_cluster):
     c = make_cluster(payloads([8 * KIB]), lease_s=0.2)
     s = c.raw()

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hardware.protocol import DecodeClient, PrefillServer
+from hardware.protocol import DecodeClient, PrefillServer, recv_msg, send_msg
 from hardware.transport import PeerLost, TransferFailed, TransportError, make_transport
 from hardware.transport.buffers import BytesSource, StripedSink
 
@@ -54,10 +55,26 @@ def prefill_process():
     proc = subprocess.Popen([sys.executable, "-c", PREFILL], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        yield proc, tuple(json.loads(proc.stdout.readline()))
+        address = tuple(json.loads(proc.stdout.readline()))
+        yield proc, address
+        if proc.poll() is None:
+            held = peer_reserved(address)
+            assert held == [], f"the prefill process still holds {held}"
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def peer_reserved(address, timeout_s=5.0) -> list:
+    """The prefill process's send-buffer reservations, once they settle (leak check)."""
+    deadline = time.monotonic() + timeout_s
+    with socket.create_connection(address, timeout=timeout_s) as s:
+        while True:
+            send_msg(s, {"op": "reserved", "token": TOKEN})
+            held = recv_msg(s, "prefill process")["reserved"]
+            if not held or time.monotonic() > deadline:
+                return held
+            time.sleep(0.05)
 
 
 @pytest.fixture

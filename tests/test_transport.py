@@ -1,5 +1,10 @@
 """The transport interface on the in-process double, and the pyverbs plan translation."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,6 +16,7 @@ from hardware.transport import (
 from hardware.transport.loopback import LoopbackFabric
 from hardware.transport import verbs
 
+ROOT = Path(__file__).resolve().parent.parent
 
 def make_plan(writes, src_size, region_sizes, kind="test"):
     """writes: (src_offset, dst_region, dst_offset, nbytes) rows."""
@@ -88,6 +94,17 @@ def test_local_range_must_be_registered(pair):
     with pytest.raises(PlanOutOfBounds, match="not inside a registered region"):
         a.post(make_plan([(0, 0, 0, 8)], 32, (32,)), fake, rd)
     b.release(rd[0])
+
+
+def test_remote_key_must_match_the_peer_registration(pair):
+    a, b = pair
+    src, dst = np.arange(16, dtype=np.uint8), banks(1, 16)
+    rs, rd = a.register_buffer(src), b.register_buffer(dst[0])
+    forged = Region(rd.address, rd.nbytes, key=rd.key + 1, owner=rd.owner)
+    with pytest.raises(RegistrationError, match=f"key {rd.key + 1} does not match"):
+        a.submit(make_plan([(0, 0, 0, 16)], 16, (16,)), rs, [forged])
+    assert not dst[0].any()
+    a.release(rs), b.release(rd)
 
 
 def test_release_of_unknown_region_names_it(pair):
@@ -191,3 +208,24 @@ def test_verbs_real_write():
         assert np.concatenate([dst[1], dst[0]]).tolist() == src.tolist()
     finally:
         a.close(), b.close()
+
+
+# -- Mooncake's RDMA fallback check and lazy imports ------------------------------------------
+
+def test_rdma_hcas_reads_the_engine_topology():
+    from hardware.transport.mooncake import rdma_hcas
+    topology = json.dumps({"cpu:0": [["mlx5_0", "mlx5_1"], ["mlx5_2"]],
+                           "cuda:0": [["mlx5_1"], []]})
+    assert rdma_hcas(topology) == ["mlx5_0", "mlx5_1", "mlx5_2"]
+    assert rdma_hcas(json.dumps({"cpu:0": [[], []]})) == []     # what TCP fallback reports
+    assert rdma_hcas("") == []
+
+
+def test_importing_the_real_path_imports_no_backend():
+    code = ("import sys, hardware.transport, hardware.protocol, hardware.mechanisms, "
+            "hardware.transfer_bench, hardware.commands; "
+            "print(sorted(m for m in ('mooncake', 'pyverbs', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -64,8 +64,9 @@ class LoopbackTransport(Transport):
             err, self.faults.fail = self.faults.fail, None
             raise TransferFailed(f"loopback {self.id}: injected failure") from err
         remote = batch.dst_addr if batch.op == "write" else batch.src_addr
-        for addr, n in zip(remote.tolist(), batch.nbytes.tolist()):
-            peer._check_remote(addr, n)
+        for addr, n, key in zip(remote.tolist(), batch.nbytes.tolist(),
+                                batch.remote_key.tolist()):
+            peer._check_remote(addr, n, key)
         for s, d, n in zip(batch.src_addr.tolist(), batch.dst_addr.tolist(),
                            batch.nbytes.tolist()):
             ctypes.memmove(d, s, n)
@@ -85,9 +86,12 @@ class LoopbackTransport(Transport):
         if remaining > 0:
             time.sleep(remaining)
 
-    def _check_remote(self, address: int, nbytes: int) -> None:
+    def _check_remote(self, address: int, nbytes: int, key: int) -> None:
         for r in self._regions.values():
             if r.address <= address and address + nbytes <= r.address + r.nbytes:
+                if r.key != key:
+                    raise RegistrationError(f"loopback {self.id}: key {key} does not match "
+                                            f"region {r.address:#x} (key {r.key})")
                 return
         raise RegistrationError(f"loopback {self.id}: remote range [{address:#x}, "
                                 f"{address + nbytes:#x}) is not inside a registered region")

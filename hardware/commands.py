@@ -19,6 +19,16 @@ def _sizes(text: str) -> list[float]:
     return sorted(sizes)
 
 
+def _repeats(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"repeats {text!r}: a whole number >= 1") from e
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"repeats {n}: need >= 1 to take a median")
+    return n
+
+
 def _mechanisms(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in names if m not in MECHANISMS]
@@ -62,7 +72,7 @@ def register(subparsers) -> None:
         help="comma-separated KV sizes in MB (default 10..1280, doubling)")
     p.add_argument("--mechanisms", type=_mechanisms, default=list(MECHANISMS),
                    help=f"comma-separated subset of {', '.join(MECHANISMS)}")
-    p.add_argument("--repeats", type=int, default=3, help="median of this many (default 3)")
+    p.add_argument("--repeats", type=_repeats, default=3, help="median of this many (default 3)")
     p.add_argument("--transport", choices=("mooncake",), default="mooncake",
                    help="transport between the processes (Mooncake over TCP here)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -238,9 +238,11 @@ def format_table(report: dict) -> str:
                  f"{report['largest_transport_gb_per_s']:.3f} / "
                  f"{report['largest_raw_socket_gb_per_s']:.3f} GB/s)")
     last = report["per_size"][-1]
+    raw_cpu, moved_cpu = last["raw_socket_cpu_s_per_gb"], last["transport_cpu_s_per_gb"]
     lines.append(f"CPU seconds per GB moved, both processes, largest size: raw socket "
-                 f"{last['raw_socket_cpu_s_per_gb']:.3f}, transport "
-                 f"{last['transport_cpu_s_per_gb']:.3f} (on {os.cpu_count()} cores)")
+                 f"{raw_cpu:.3f}, transport {moved_cpu:.3f} (transport "
+                 f"{moved_cpu / raw_cpu if raw_cpu > 0 else float('nan'):.2f}x the raw "
+                 f"socket's CPU per GB, on {os.cpu_count()} cores)")
     return "\n".join(lines)
 
 

@@ -96,3 +96,45 @@ def test_transfer_bench_on_cuda_needs_a_gpu():
     from hardware.commands import cmd_transfer_bench
     import argparse
     assert cmd_transfer_bench(argparse.Namespace(device="cuda")) == 2
+
+
+def bench_parser():
+    import argparse
+    from hardware.commands import register
+    parser = argparse.ArgumentParser(prog="hawk", exit_on_error=False)
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--repeats", "0"], "repeats 0: need >= 1"),
+    (["--sizes", "10,-4"], "need one or more sizes > 0 MB"),
+    (["--mechanisms", "GN-HAWK,GX-Fast"], "allowed GG-Host, GN-Host"),
+])
+def test_transfer_bench_flags_name_the_bad_value(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        bench_parser().parse_args(["real", "transfer-bench", *flags])
+    assert message in capsys.readouterr().err
+
+
+def test_transfer_bench_table_has_figure_9_shape():
+    from hardware.transfer_bench import format_table
+    lat = {"GG-Host": 0.2, "GN-Host": 0.5, "GG-Direct": 0.1, "GN-Direct": 0.4, "GN-HAWK": 0.05}
+    rows = [{"size_mb": s, "mechanism": mech, "latency_s": s * v / 10}
+            for s in (10.0, 40.0) for mech, v in lat.items()]
+    per_size = {"size_mb": 40.0, "nbytes": 40 * MIB, "raw_socket_gb_per_s": 2.0,
+                "transport_gb_per_s": 1.0, "raw_socket_cpu_s_per_gb": 0.5,
+                "transport_cpu_s_per_gb": 1.5}
+    report = {"rows": rows, "transport": "mooncake", "device": "cpu", "repeats": 2,
+              "raw_socket_gb_per_s": 2.0, "transport_gb_per_s": 1.0,
+              "transport_to_raw_socket": 0.5, "largest_size_mb": 40.0,
+              "largest_raw_socket_gb_per_s": 2.0, "largest_transport_gb_per_s": 1.0,
+              "per_size": [per_size]}
+    lines = format_table(report).splitlines()
+    assert lines[1].split()[:2] == ["size", "MB"]
+    assert [w for w in lines[1].split() if w.startswith(("GG-", "GN-")) and "/" not in w] == \
+        list(m.MECHANISMS)
+    assert lines[2].split() == ["10", "200.00", "500.00", "100.00", "400.00", "50.00",
+                                "2.50x", "50.00%", "25.00%"]
+    assert "ratio 0.50x" in lines[4]
+    assert "transport 3.00x the raw socket's CPU per GB" in lines[5]

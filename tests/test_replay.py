@@ -17,14 +17,16 @@ from traces.schema import Status, read_records  # noqa: E402
 from traces.trace import Trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FAIL, HANG = 13, 17          # output lengths the stand-in server refuses / never answers
+FAIL, HANG, GARBAGE = 13, 17, 19   # output lengths the stand-in server refuses / never
+                                   # answers / answers with a non-object JSON event
 
 
 @contextmanager
 def stub_server(ttft_s: float, tpot_s: float):
     """Start ``traces.stub_server`` in its own process; yield its base URL."""
     command = [sys.executable, "-m", "traces.stub_server", "--ttft", str(ttft_s),
-               "--tpot", str(tpot_s), "--fail-lengths", str(FAIL), "--hang-lengths", str(HANG)]
+               "--tpot", str(tpot_s), "--fail-lengths", str(FAIL), "--hang-lengths", str(HANG),
+               "--garbage-lengths", str(GARBAGE)]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -115,6 +117,14 @@ def test_errors_and_timeouts_are_recorded_not_fatal(fast_server):
     assert timed_out["finished_at"] - timed_out["arrival_at"] == pytest.approx(0.5, abs=0.1)
     assert "HTTP 500" in result.client["error"].iloc[1]
     assert result.summary(2.0, 0.2)["slo_attainment"] == pytest.approx(4 / 7)
+
+
+def test_malformed_stream_event_fails_that_request_only(fast_server):
+    outputs = np.array([8, GARBAGE, 8])
+    trace = Trace.from_columns(np.arange(3) * 0.01, np.full(3, 50), outputs)
+    result = replay(trace, ReplayConfig(fast_server, timeout_s=5))
+    assert result.records["status"].tolist() == ["ok", "failed_error", "ok"]
+    assert "not a JSON object" in result.client["error"].iloc[1]
 
 
 def test_unreachable_endpoint_fails_every_request_without_raising():

@@ -4,7 +4,8 @@ It serves ``POST /v1/completions`` and ``POST /v1/chat/completions`` with ``stre
 generating exactly ``max_tokens`` tokens (the word "tok"): the first ``ttft_s`` after the
 request arrives, token ``k`` at ``ttft_s + k * tpot_s`` (absolute instants, so delays do not
 drift), then a usage chunk and ``data: [DONE]``. Output lengths listed in ``fail_lengths``
-get HTTP 500; those in ``hang_lengths`` never answer (to exercise client timeouts). It exists
+get HTTP 500; those in ``hang_lengths`` never answer (to exercise client timeouts); those in
+``garbage_lengths`` get one token, then an event whose data is JSON but not an object. It exists
 to check the replay client against known delays, and as a smoke-test target for ``hawk
 replay``::
 
@@ -28,6 +29,7 @@ class StubConfig:
     tpot_s: float = 0.01
     fail_lengths: frozenset[int] = frozenset()
     hang_lengths: frozenset[int] = frozenset()
+    garbage_lengths: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.ttft_s < 0 or self.tpot_s < 0:
@@ -48,6 +50,10 @@ def make_app(config: StubConfig):
         chat = request.path.endswith("/chat/completions")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if n in config.garbage_lengths:
+            await response.write(_event(_chunk(chat, "tok")) + b"data: [1, 2]\n\n")
+            await response.write_eof()
+            return response
         for k in range(n):
             await _sleep_until(arrived + config.ttft_s + k * config.tpot_s)
             await response.write(_event(_chunk(chat, "tok" if k == 0 else " tok")))
@@ -111,9 +117,10 @@ def main(argv=None) -> None:
     parser.add_argument("--tpot", type=float, default=0.01, help="seconds between tokens")
     parser.add_argument("--fail-lengths", type=int, nargs="*", default=[])
     parser.add_argument("--hang-lengths", type=int, nargs="*", default=[])
+    parser.add_argument("--garbage-lengths", type=int, nargs="*", default=[])
     args = parser.parse_args(argv)
     config = StubConfig(args.ttft, args.tpot, frozenset(args.fail_lengths),
-                        frozenset(args.hang_lengths))
+                        frozenset(args.hang_lengths), frozenset(args.garbage_lengths))
     try:
         asyncio.run(serve(config, args.host, args.port))
     except KeyboardInterrupt:

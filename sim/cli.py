@@ -68,11 +68,13 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def format_summary(summary: dict, config: RunConfig) -> str:
+def format_summary(summary: dict, config: RunConfig, trace_name: str | None = None) -> str:
     cl = config.cluster
-    head = (f"{cl.model}: prefill {cl.prefill.num_instances}x({cl.prefill.tp}x {cl.prefill.device})"
-            f" -> decode {cl.decode.num_instances}x({cl.decode.tp}x {cl.decode.device}), "
+    load = (f"trace {trace_name}" if trace_name else
             f"workload {config.workload.name} @ {config.workload.rate:g} req/s, seed {config.seed}")
+    head = (f"{cl.model}: prefill {cl.prefill.num_instances}x({cl.prefill.tp}x {cl.prefill.device})"
+            f" -> decode {cl.decode.num_instances}x({cl.decode.tp}x {cl.decode.device}) via "
+            f"{cl.link.mechanism}, {load}")
     rows = [("requests", summary["num_requests"]), ("finished ok", summary["num_finished"]),
             ("failed", summary["num_failed"]), ("unfinished", summary["num_unfinished"]),
             ("SLO attainment", f"{100 * summary['slo_attainment']:.1f}% "
@@ -118,7 +120,7 @@ def cmd_simulate(args) -> int:
     if args.json:
         print(json.dumps(result.summary))
     else:
-        print(format_summary(result.summary, config))
+        print(format_summary(result.summary, config, args.trace.name if args.trace else None))
         if args.out is not None:
             print(f"records and summary written to {args.out}/")
     return 0

@@ -20,9 +20,9 @@ from hardware import catalog
 from sim import cost as cost_mod
 from sim import power as power_mod
 from sim.config import RunConfig
-from sim.predictor import RooflinePredictor, load_profile, load_profile_table
-from sim.transfer import (MECHANISMS, InstanceFacts, MechanismPricing, isolated_latency,
-                          transfer_params)
+from sim.cluster import make_predictor
+from sim.predictor import load_profile_table
+from sim.transfer import MECHANISMS, isolated_latency, pricing_for, transfer_params
 
 PROFILE = "paper"
 MODEL = "llama-3.1-70b"
@@ -94,13 +94,6 @@ def serving_config(name: str, workload: str = "chatbot", profile: str = PROFILE)
         **{"cluster.link.mechanism": CONFIGS[name][1]})
 
 
-def pricing_of(config: RunConfig, mech: str) -> MechanismPricing:
-    cl = config.cluster
-    facts = [InstanceFacts(catalog.device(i.device), i.tp, i.kv_dtype, i.block_size)
-             for i in (cl.prefill, cl.decode)]
-    return MechanismPricing(mech, catalog.model(cl.model), *facts, transfer_params(cl.profile))
-
-
 # -- Figure 9 -----------------------------------------------------------------------------
 def figure9(profile: str = PROFILE, sizes_mb=FIG9_SIZES_MB) -> list[dict]:
     """Rows (size_mb, mechanism, latency_s, normalized to GG-Host at that size)."""
@@ -113,7 +106,7 @@ def figure9(profile: str = PROFILE, sizes_mb=FIG9_SIZES_MB) -> list[dict]:
         lat = {}
         for mech in FIG9_MECHANISMS + ("GN-Direct", "GN-PerPage"):
             name = "GG-Direct" if MECHANISMS[mech].destination == "gpu" else "GN-HAWK"
-            pricing = pricing_of(base_config(name, profile=profile), mech)
+            pricing = pricing_for(base_config(name, profile=profile), mech)
             lat[mech] = isolated_latency(pricing.price(tokens), params.nic_bandwidth_gb_s * 1e9)
         for mech, value in lat.items():
             rows.append({"size_mb": size, "mechanism": mech, "tokens": tokens,
@@ -122,12 +115,6 @@ def figure9(profile: str = PROFILE, sizes_mb=FIG9_SIZES_MB) -> list[dict]:
 
 
 # -- Table 1 ------------------------------------------------------------------------------
-def _predictor(config: RunConfig, inst) -> RooflinePredictor:
-    eff = load_profile(config.cluster.profile)[inst.device]
-    return RooflinePredictor(catalog.model(config.cluster.model), catalog.device(inst.device),
-                             inst.tp, eff, inst.weight_format, inst.kv_dtype)
-
-
 def table1(profile: str = PROFILE, prompt: int = 512, output: int = 128, batch: int = 32) -> dict:
     """A100 over p150a: prefill and decode speed; p150a over A100: decode power and cost eff."""
     table = load_profile_table(profile)
@@ -139,7 +126,7 @@ def table1(profile: str = PROFILE, prompt: int = 512, output: int = 128, batch: 
     chunks = [min(per_batch, batch - k) for k in range(0, batch, per_batch)]
     out = {}
     for key, inst in (("gpu", gpu), ("npu", npu)):
-        pred = _predictor(cfg, inst)
+        pred = make_predictor(cfg, inst)
         out[f"{key}_prefill_s"] = sum(pred.prefill_time([prompt] * n) for n in chunks)
         steps = output - 1
         out[f"{key}_decode_s"] = pred.decode_time(batch, batch * (prompt + 1), steps)

@@ -13,10 +13,13 @@ Flow of one request (Algorithm 1 of the paper, decode side):
 
 Fast-forward (DESIGN.md): between batch changes the batch is fixed, so the instance schedules
 one timer for the ``k`` iterations until the next finish, timed in closed form by the predictor
-(``decode_time``). A request landing mid-run, or a change of host slowdown, moves the timer to
-the next iteration boundary (``decode_next_boundary``), where the change takes effect. With
+(``decode_time``). A request landing mid-run, or a change of host slowdown, takes effect at the
+next iteration boundary (``decode_next_boundary``): the instance commits the run up to that
+boundary and plans the next run from it at once, so a join costs no event of its own. The live
+timer is kept when the new run ends later (it re-arms when it fires) and replaced when it ends
+sooner (only the latest timer counts; a superseded one does nothing when it fires). With
 ``fast_forward=False`` every iteration is its own timer: the oracle the fast path is tested
-against. Only the latest timer counts; a superseded one does nothing when it fires.
+against.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ class DecodeInstance:
         self._factor = 1.0                # step-time factor in force (host slowdown)
         self._plan: tuple | None = None   # (start_at, batch, context, steps, factor)
         self._timer = None                # the live timer; any other one that fires is stale
-        self._timer_steps = 0
-        self._stop_scheduled = False
+        self._timer_at = 0.0              # when the live timer fires
+        self._timer_steps = 0             # iterations of the live run
+        self._end = 0.0                   # when the live run ends (>= _timer_at)
         self.busy_time = 0.0
         self.num_iterations = 0
 
@@ -121,7 +125,7 @@ class DecodeInstance:
         if self._plan is None:
             self._boundary(0)
         elif len(self.running) < self.max_batch_size:
-            self._stop_at_next_boundary()
+            self._change_at_next_boundary(now)
 
     def _finish(self, i: int, now: float) -> None:
         self.ledger.finish(i, now)
@@ -134,32 +138,52 @@ class DecodeInstance:
         if factor != self._factor:
             self._factor = factor
             if self._plan is not None:
-                self._stop_at_next_boundary()
+                self._change_at_next_boundary(self.env.now)
 
     # -- the batch loop -----------------------------------------------------------------
-    def _stop_at_next_boundary(self) -> None:
-        """End the live run at the next iteration boundary, where a change takes effect."""
-        if self._stop_scheduled or not self.fast_forward:
+    def _change_at_next_boundary(self, now: float) -> None:
+        """A change mid-run (a request landed with room in the batch, a new step-time factor)
+        takes effect at the next iteration boundary: commit the live run up to there and plan
+        the next run from it, now. Only the timer moves (``_arm``); no event marks the join."""
+        if not self.fast_forward:
             return                                     # the oracle stops at every boundary
-        self._stop_scheduled = True
         start, batch, context, steps, factor = self._plan
-        now = self.env.now
-        done, t = self.predictor.decode_next_boundary(batch, context, steps,
-                                                      (now - start) / factor)
-        if done < steps:
-            self._retime(done, start + factor * t, now)
+        if now < start:
+            at = start                                 # a planned run not yet begun: redo it
+        else:
+            done, t = self.predictor.decode_next_boundary(batch, context, steps,
+                                                          (now - start) / factor)
+            if done >= steps:
+                return                                 # the run's end is that boundary
+            at = start + factor * t
+            self.busy_time += at - start
+            self.num_iterations += done
+            self.iteration += done
+        self._admit_and_plan(at)
 
-    def _retime(self, steps: int, at: float, now: float) -> None:
-        timer = self._timer = Timeout(self.env, at - now if at > now else 0.0)
-        self._timer_steps = steps
+    def _arm(self, steps: int, end: float) -> None:
+        """The live run ends at ``end`` after ``steps`` iterations. A live timer that fires no
+        later is kept (it re-arms when it fires); an earlier end needs a new timer, and the old
+        one goes stale."""
+        self._timer_steps, self._end = steps, end
+        if self._timer is not None and self._timer_at <= end:
+            return
+        now = self.env.now
+        self._timer_at = end
+        timer = self._timer = Timeout(self.env, end - now if end > now else 0.0)
         timer.callbacks.append(self._on_timer)
 
     def _on_timer(self, timer) -> None:
-        if timer is self._timer:                       # else superseded: a stale timer
+        if timer is not self._timer:
+            return                                     # superseded by an earlier timer
+        self._timer = None
+        if self._end > self._timer_at:                 # the run grew after this timer was set
+            self._arm(self._timer_steps, self._end)
+        else:
             self._boundary(self._timer_steps)
 
     def _boundary(self, steps: int) -> None:
-        """``steps`` iterations of the live plan have completed: finish, admit, replan."""
+        """``steps`` iterations of the live run have completed: finish, admit, replan."""
         now, ledger, running = self.env.now, self.ledger, self.running
         if self._plan is not None:
             self.busy_time += now - self._plan[0]
@@ -172,23 +196,26 @@ class DecodeInstance:
             self._context_base -= ledger.prompt[i] + 1 - ledger.join_iteration[i]
             self._finish(i, now)
             freed = True
-        waiting = self.waiting
+        self._admit_and_plan(now)
+        if freed:
+            self._pull()
+
+    def _admit_and_plan(self, at: float) -> None:
+        """Join waiting requests at iteration boundary ``at``, then plan the run from there:
+        up to the next finish (fast-forward) or one iteration (the oracle)."""
+        ledger, running, waiting, it = self.ledger, self.running, self.waiting, self.iteration
         for _ in range(fcfs_decode_admit(len(waiting), len(running), self.max_batch_size)
                        if waiting else 0):
             i = waiting.popleft()
             ledger.join_iteration[i] = it
             self._context_base += ledger.prompt[i] + 1 - it
             heapq.heappush(running, (it + ledger.output[i] - 1, i))
-        self._stop_scheduled = False
         if running:
             batch, factor = len(running), self._factor
             steps = running[0][0] - it if self.fast_forward else 1
             context = self._context_base + batch * it
-            self._plan = (now, batch, context, steps, factor)
-            self._retime(steps, now + factor * self.predictor.decode_time(batch, context, steps),
-                         now)
+            self._plan = (at, batch, context, steps, factor)
+            self._arm(steps, at + factor * self.predictor.decode_time(batch, context, steps))
         else:
             self._plan = None
             self._timer = None
-        if freed:
-            self._pull()

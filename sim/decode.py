@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+import numpy as np
 import simpy
 from simpy.events import Timeout
 
@@ -67,6 +68,10 @@ class DecodeInstance:
 
     def fits(self, i: int) -> bool:
         return self.memory.fits_ever(self.ledger.prompt[i], self.ledger.output[i])
+
+    def fits_many(self, prompts: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+        """``fits`` for arrays of lengths (the router checks a whole trace at once)."""
+        return self.memory.fits_ever_many(prompts, outputs)
 
     # -- pull and transfer --------------------------------------------------------------
     def offer(self, i: int, source) -> None:

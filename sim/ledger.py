@@ -15,6 +15,8 @@ from traces.schema import Status, records_frame
 from traces.trace import Trace
 
 NAN = math.nan
+INSTANTS = ("prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer_end_at",
+            "first_token_at", "finished_at")
 
 
 class Ledger:
@@ -58,8 +60,21 @@ class Ledger:
 
     def frame(self, cut_at: float | None = None):
         """Records table. Requests still open become ``unfinished`` only when the run was cut
-        at ``cut_at``; otherwise an open request is a bug and raises."""
+        at ``cut_at``; otherwise an open request is a bug and raises. A cut run shows what had
+        happened by ``cut_at``: components plan some instants ahead (a batch admitted before
+        its arrival, a run of decode iterations), so later instants are blanked and a request
+        that ended after the cut is ``unfinished``."""
         status = list(self.status)
+        generated = self.num_generated
+        columns = {name: getattr(self, name) for name in INSTANTS}
+        if cut_at is not None:
+            ended = self.finished_at
+            late = [i for i, s in enumerate(status) if s is not None and ended[i] > cut_at]
+            generated = list(generated)
+            for i in late:
+                status[i], generated[i] = None, 0
+            columns = {name: [NAN if t > cut_at else t for t in values]
+                       for name, values in columns.items()}
         for i, s in enumerate(status):
             if s is None:
                 if cut_at is None:
@@ -73,12 +88,7 @@ class Ledger:
             "status": np.array([s.value for s in status], dtype=object),
             "prefill_instance": self.prefill_instance,
             "decode_instance": self.decode_instance,
-            "prefill_start_at": self.prefill_start_at,
-            "prefill_end_at": self.prefill_end_at,
-            "transfer_start_at": self.transfer_start_at,
-            "transfer_end_at": self.transfer_end_at,
-            "first_token_at": self.first_token_at,
-            "finished_at": self.finished_at,
-            "num_generated_tokens": self.num_generated,
+            **columns,
+            "num_generated_tokens": generated,
             "kv_bytes": self.kv_bytes,
         })

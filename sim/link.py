@@ -20,7 +20,9 @@ from simpy.events import Timeout
 class KVLink:
     """Transfers first wait out their fixed delay (``pending``), then share the bandwidth
     (``active``). Entries are folded into the virtual clock lazily, so one timer -- at the
-    next completion -- is all the link schedules."""
+    next completion -- is all the link schedules. A transfer that starts on an idle link
+    (the usual case below saturation) is ``solo``: its completion is known at once, and it
+    joins the shared clock only if another transfer starts before it is done."""
 
     def __init__(self, env: simpy.Environment, bandwidth_bytes_s: float, latency_s: float = 0.0):
         if not bandwidth_bytes_s > 0:
@@ -33,6 +35,7 @@ class KVLink:
         self._pending: list = []    # heap of (enter_at, seq, wire_bytes, callback, arg)
         self._active: list = []     # heap of (finish_served, seq, callback, arg)
         self._seq = 0
+        self._solo = None           # (enter_at, seq, wire_bytes, callback, arg) or None
         self._timer = None          # the live timer; any other one that fires is stale
         self._timer_at = math.inf
         self.bytes_moved = 0.0
@@ -40,7 +43,7 @@ class KVLink:
 
     @property
     def num_active(self) -> int:
-        return len(self._active) + len(self._pending)
+        return len(self._active) + len(self._pending) + (self._solo is not None)
 
     def start(self, before_s: float, wire_bytes: float, on_done: Callable[[int], None],
               arg: int) -> None:
@@ -49,9 +52,18 @@ class KVLink:
         now = self.env.now
         self._seq += 1
         wire = float(wire_bytes)
-        heapq.heappush(self._pending, (now + before_s + self.latency_s, self._seq, wire,
-                                       on_done, arg))
         self.bytes_moved += wire
+        enter_at = now + before_s + self.latency_s
+        if self._timer is None:               # idle link: this transfer has it to itself
+            self._solo = (enter_at, self._seq, wire, on_done, arg)
+            self._timer_at = at = enter_at + wire / self.bandwidth
+            self._timer = timer = Timeout(self.env, at - now)
+            timer.callbacks.append(self._on_timer)
+            return
+        if self._solo is not None:            # share from here on
+            heapq.heappush(self._pending, self._solo)
+            self._solo = None
+        heapq.heappush(self._pending, (enter_at, self._seq, wire, on_done, arg))
         self._advance(now)
         self._schedule(now)
 
@@ -106,6 +118,14 @@ class KVLink:
     def _on_timer(self, timer) -> None:
         if timer is not self._timer:
             return                  # superseded by a later start
+        solo = self._solo
+        if solo is not None:
+            self._solo = self._timer = None
+            self._timer_at = math.inf
+            enter_at, _, wire, on_done, arg = solo
+            self.busy_time += wire / self.bandwidth
+            on_done(arg)
+            return
         now = self.env.now
         self._timer_at = math.inf
         self._advance(now)

@@ -9,7 +9,8 @@ One interface (the decode instance calls it; "who calls what, when"):
 - ``relayout_done(request)`` once the KV cache has been re-laid out into its final place (frees
   a single buffer's staging space; a no-op for the other pools).
 - ``release(request)`` when the request finishes (or fails after reserving).
-- ``fits_ever(num_prompt_tokens, num_output_tokens)``: could an empty pool ever hold it.
+- ``fits_ever(num_prompt_tokens, num_output_tokens)``: could an empty pool ever hold it;
+  ``fits_ever_many`` answers the same for arrays of lengths (a whole trace at once).
 - ``stats()``: per-bank occupancy, imbalance (fullest bank over the mean), peak, counters.
 
 Pools, all in KV blocks of ``block_size`` tokens (prompt + output reserved whole):
@@ -60,6 +61,12 @@ class BlockPool:
 
     def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
         return self.blocks_needed(num_prompt_tokens, num_output_tokens) <= self.capacity_blocks
+
+    def fits_ever_many(self, num_prompt_tokens: np.ndarray,
+                       num_output_tokens: np.ndarray) -> np.ndarray:
+        blocks = -(-(np.asarray(num_prompt_tokens, dtype=np.int64) + num_output_tokens)
+                   // self.block_size)
+        return blocks <= self.capacity_blocks
 
     def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
         if request in self.held:
@@ -182,6 +189,14 @@ class SingleBufferPool(_BankGrid):
         blocks = self.blocks_needed(num_prompt_tokens, num_output_tokens)
         staging = self.staging_needed(num_prompt_tokens)
         return blocks * self.num_banks + staging <= self.used.size and (
+            blocks + -(-staging // self.num_banks) <= self.slots_per_bank)
+
+    def fits_ever_many(self, num_prompt_tokens: np.ndarray,
+                       num_output_tokens: np.ndarray) -> np.ndarray:
+        prompt = np.asarray(num_prompt_tokens, dtype=np.int64)
+        blocks = -(-(prompt + num_output_tokens) // self.block_size)
+        staging = np.maximum(1, np.ceil(prompt * self.staging_slots_per_token)).astype(np.int64)
+        return (blocks * self.num_banks + staging <= self.used.size) & (
             blocks + -(-staging // self.num_banks) <= self.slots_per_bank)
 
     def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:

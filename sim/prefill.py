@@ -3,7 +3,8 @@
 Each batch takes the longest FCFS head that fits the token budget, the batch size and the
 free blocks of the send buffer (``policies.batching``), waits the batch's predicted time (one
 timer), then hands every request to the decode side. The instance is driven by callbacks: an
-arrival or a buffer release starts the next batch when it is idle. A request's KV cache stays
+arrival or a buffer release starts the next batch when it is idle. A batch of requests admitted
+ahead of their arrival (``Router.admit_next``) starts at the last one's arrival. A request's KV cache stays
 in the send buffer until the decode side has pulled it (``release``), so a slow decode side
 backs up into prefill.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
 import simpy
 from simpy.events import Timeout
 
@@ -34,12 +36,18 @@ class PrefillInstance:
         self.busy_time = 0.0
         self.num_batches = 0
         self._busy = False
+        self._batch: tuple | list = ()     # the batch in progress (one at a time)
         self.source = None                # a router admitting arrivals lazily, or None
 
     def fits(self, prompt_tokens: int) -> bool:
         """Whether a prompt can ever be prefilled here."""
         return (prompt_tokens <= self.max_batch_tokens
                 and blocks_for(prompt_tokens, self.block_size) <= self.buffer_blocks)
+
+    def fits_many(self, prompts: np.ndarray) -> np.ndarray:
+        """``fits`` for an array of prompt lengths."""
+        blocks = -(-np.asarray(prompts, dtype=np.int64) // self.block_size)
+        return (prompts <= self.max_batch_tokens) & (blocks <= self.buffer_blocks)
 
     @property
     def load(self) -> int:
@@ -64,39 +72,44 @@ class PrefillInstance:
 
     def _next_batch(self) -> None:
         """Start the next batch if one fits; otherwise stay idle until a kick or release."""
-        if self.source is not None:
-            self.source.admit_until(self.env.now, self)
-        queue, prompt = self.queue, self.ledger.prompt
+        env, source, queue = self.env, self.source, self.queue
+        if source is not None:
+            source.admit_until(env.now, self)
+            if not queue:
+                source.admit_next(self)
+        prompt = self.ledger.prompt
         take = fcfs_prefill_batch(queue, prompt, self.max_batch_size, self.max_batch_tokens,
                                   self.free_blocks, self.block_size) if queue else 0
         if take == 0:
             self._busy = False
-            if not queue and self.source is not None:
-                self.source.wake(self)
             return
         self._busy = True
-        batch = [queue.popleft() for _ in range(take)]
-        lens = [prompt[i] for i in batch]
-        tokens = sum(lens)
-        self.queued_tokens -= tokens
+        if take == 1:                         # the usual batch below saturation
+            i = queue.popleft()
+            batch, lens = (i,), [prompt[i]]
+        else:
+            batch = [queue.popleft() for _ in range(take)]
+            lens = [prompt[i] for i in batch]
         bs = self.block_size
+        self.queued_tokens -= sum(lens)
         self.free_blocks -= sum(-(-n // bs) for n in lens)
-        start_at = self.env.now
-        start = self.ledger.prefill_start_at
+        now, start, last = env.now, self.ledger.prefill_start_at, self.ledger.arrival_at[batch[-1]]
+        at = last if last > now else now          # admitted ahead of its arrival (lazy router)
         for i in batch:
-            start[i] = start_at
+            start[i] = at
         duration = self.predictor.prefill_time(lens)
         self.busy_time += duration
         self.num_batches += 1
-        timer = Timeout(self.env, duration)
-        timer.callbacks.append(lambda _ev: self._done(batch))
+        self._batch = batch
+        Timeout(env, at - now + duration).callbacks.append(self._done)
 
-    def _done(self, batch: list[int]) -> None:
-        now, end_at = self.env.now, self.ledger.prefill_end_at
+    def _done(self, _timer) -> None:
+        batch, now, end_at = self._batch, self.env.now, self.ledger.prefill_end_at
         for i in batch:
             end_at[i] = now
         self._busy = False
+        on_prefilled = self.on_prefilled
         for i in batch:
-            self.on_prefilled(i, self)
+            on_prefilled(i, self)
         if not self._busy:
             self._next_batch()

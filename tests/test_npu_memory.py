@@ -107,3 +107,14 @@ def test_make_pool_follows_the_mechanism():
     assert isinstance(make_pool("single_buffer", 10, 32, 8, STAGING), SingleBufferPool)
     with pytest.raises(ValueError, match="unknown pool"):
         make_pool("ring", 10, 32, 8)
+
+
+@pytest.mark.parametrize("pool", [BlockPool(40, 16), HawkPool(8, 40, 32),
+                                  SingleBufferPool(8, 40, 32, STAGING),
+                                  SingleBufferPool(12, 7, 32, 3.7)])
+def test_fits_ever_many_agrees_with_fits_ever(pool):
+    rng = np.random.default_rng(5)
+    prompts, outputs = rng.integers(1, 3000, 400), rng.integers(1, 1000, 400)
+    many = pool.fits_ever_many(prompts, outputs)
+    assert many.tolist() == [pool.fits_ever(int(p), int(o)) for p, o in zip(prompts, outputs)]
+    assert many.any() and not many.all()         # both verdicts are exercised

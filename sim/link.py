@@ -106,12 +106,12 @@ class KVLink:
 
     def _schedule(self, now: float) -> None:
         at = self._next_completion()
+        if at == math.inf:
+            self._timer, self._timer_at = None, at   # idle
+            return
         if at == self._timer_at:
             return                  # the live timer already fires then
         self._timer_at = at
-        if at == math.inf:
-            self._timer = None
-            return
         self._timer = timer = Timeout(self.env, at - now if at > now else 0.0)
         timer.callbacks.append(self._on_timer)
 

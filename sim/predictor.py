@@ -182,8 +182,11 @@ class RooflinePredictor(Predictor):
 
     def decode_time(self, batch: int, context: int, steps: int) -> float:
         const, c0, c1, m0, m1 = self._lines.get(batch) or self._decode_lines(batch)
-        return steps * const + _sum_max_lines(c0 + c1 * context, c1 * batch,
-                                              m0 + m1 * context, m1 * batch, steps)
+        p2, q2, last = m0 + m1 * context, m1 * batch, steps - 1
+        p1, q1 = c0 + c1 * context, c1 * batch
+        if p2 >= p1 and p2 + q2 * last >= p1 + q1 * last:    # memory-bound throughout
+            return steps * const + (steps * p2 + q2 * steps * last / 2.0)
+        return steps * const + _sum_max_lines(p1, q1, p2, q2, steps)
 
     def decode_steps_within(self, batch: int, context: int, steps: int, elapsed: float) -> int:
         const, c0, c1, m0, m1 = self._decode_lines(batch)
@@ -214,14 +217,17 @@ class RooflinePredictor(Predictor):
                              elapsed: float) -> tuple[int, float]:
         if elapsed <= 0:
             return 1, self.decode_time(batch, context, 1)
-        const, c0, c1, m0, m1 = self._decode_lines(batch)
-        p, q = max((c0 + c1 * context, c1 * batch), (m0 + m1 * context, m1 * batch))
+        const, c0, c1, m0, m1 = self._lines.get(batch) or self._decode_lines(batch)
+        pc, qc, pm, qm = c0 + c1 * context, c1 * batch, m0 + m1 * context, m1 * batch
+        p, q = (pc, qc) if (pc, qc) > (pm, qm) else (pm, qm)
         a, b = q / 2.0, const + p - q / 2.0            # S(j) = a j^2 + b j on that line
         root = (-b + math.sqrt(b * b + 4 * a * elapsed)) / (2 * a) if a > 0 else elapsed / b
         j = min(max(math.ceil(root), 1), steps)
         t = self.decode_time(batch, context, j)
-        if t >= elapsed and (j == 1 or self.decode_time(batch, context, j - 1) < elapsed):
-            return j, t                                 # the usual case: two evaluations
+        if t >= elapsed:                                # the usual case: one evaluation,
+            k = j - 1                                   # and the step before it
+            if j == 1 or t - (const + max(pc + qc * k, pm + qm * k)) < elapsed:
+                return j, t
         j = min(self.decode_steps_within(batch, context, steps, elapsed), steps)
         t = self.decode_time(batch, context, j)
         if t < elapsed and j < steps:

@@ -30,7 +30,6 @@ from hardware.kv_layout import GpuKVSpec
 from hardware.dram import contiguous_runs
 from hardware.plans import RequestTransfer, hawk_segments
 from hardware.tile_torch import NARROW_FLOATS, Scratch, pack, pack_rows, pack_tiles
-from hardware.tile_torch import _bfp_narrow, bfp_bytes  # noqa: F401  (old location)
 from hardware.tiles import FACE, TILE, TILE_ELEMS, tile_format
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

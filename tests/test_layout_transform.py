@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from hardware import transform
+from hardware import tile_torch, transform
 from hardware.dram import DramConfig, contiguous_runs, page_location
 from hardware.kv_layout import (GpuKVSpec, TTKVSpec, gather_tokens, read_tt_tokens,
                                 to_tt_blocks)
@@ -275,7 +275,7 @@ def test_short_block_float_recipe_is_exact(seed, n, dtype, mag_bits):
     tiles = narrow_tiles(np.random.default_rng(seed), n, dtype)
     want = bfp_encode(tiles.float().numpy(), mag_bits)
     out = torch.zeros(n, want.shape[1], dtype=torch.uint8)
-    assert transform._bfp_narrow(tiles.float(), mag_bits, out, transform.Scratch(n, "cpu"))
+    assert tile_torch._bfp_narrow(tiles.float(), mag_bits, out, tile_torch.Scratch(n, "cpu"))
     assert np.array_equal(out.numpy(), want)
 
 
@@ -290,5 +290,5 @@ def test_block_float_bytes_of_any_bit_pattern(seed, dtype, mag_bits):
     bits[1] &= 0x81FF                            # bfloat16: shared exponents 0..3
     tiles = torch.from_numpy(bits.view(np.int16)).view(dtype)
     want = bfp_encode(tiles.float().numpy(), mag_bits)
-    assert np.array_equal(transform.bfp_bytes(tiles, mag_bits, chunk=1).numpy(), want)
-    assert np.array_equal(transform.bfp_bytes(tiles.float(), mag_bits).numpy(), want)
+    assert np.array_equal(tile_torch.bfp_bytes(tiles, mag_bits, chunk=1).numpy(), want)
+    assert np.array_equal(tile_torch.bfp_bytes(tiles.float(), mag_bits).numpy(), want)

@@ -126,9 +126,12 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     counter = [0]
 
     def to_decode(i: int, source) -> None:
-        k = decode_route([d.load for d in decodes], counter[0]) if len(decodes) > 1 else 0
+        k = decode_route([d.load for d in decodes], counter[0])
         counter[0] += 1
         decodes[k].offer(i, source)
+
+    if len(decodes) == 1:
+        to_decode = decodes[0].offer          # nothing to decide
 
     prefills = [PrefillInstance(env, k, ledger, prefill_pred,
                                 max_batch_size=cl.prefill.max_batch_size,

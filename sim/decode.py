@@ -83,9 +83,10 @@ class DecodeInstance:
 
     def _pull(self) -> None:
         ledger, pending, now = self.ledger, self.pending, self.env.now
+        try_reserve, prompt, output = self.memory.try_reserve, ledger.prompt, ledger.output
         while pending:
             i, source = pending[0]
-            verdict = self.memory.try_reserve(i, ledger.prompt[i], ledger.output[i])
+            verdict = try_reserve(i, prompt[i], output[i])
             if verdict == "wait":
                 return
             pending.popleft()
@@ -94,7 +95,7 @@ class DecodeInstance:
                 source.release(i)
                 self.num_assigned -= 1
                 continue
-            cost = self.pricing.price(ledger.prompt[i])
+            cost = self.pricing.price(prompt[i])
             self._in_flight[i] = (source, cost)
             ledger.kv_bytes[i] = int(cost.wire_bytes)
             ledger.transfer_start_at[i] = now
@@ -104,13 +105,13 @@ class DecodeInstance:
         """The last byte of ``i`` landed: free the sender, then the mechanism's after phase."""
         source, cost = self._in_flight.pop(i)
         source.release(i)
-        if cost.after_s <= 0:
+        if cost.after_s > 0:
+            if cost.host_cpu_s > 0:
+                self._host_change(+1)
+            timer = self.env.timeout(cost.after_s)
+            timer.callbacks.append(lambda _ev: self._after_done(i, cost))
+        else:
             self._landed(i)
-            return
-        if cost.host_cpu_s > 0:
-            self._host_change(+1)
-        timer = self.env.timeout(cost.after_s)
-        timer.callbacks.append(lambda _ev: self._after_done(i, cost))
 
     def _after_done(self, i: int, cost) -> None:
         if cost.host_cpu_s > 0:
@@ -118,10 +119,10 @@ class DecodeInstance:
         self._landed(i)
 
     def _landed(self, i: int) -> None:
+        """The KV cache of ``i`` is in the pool: its first token reaches the client."""
         ledger, now = self.ledger, self.env.now
         self.memory.relayout_done(i)
-        ledger.transfer_end_at[i] = now
-        ledger.first_token_at[i] = now
+        ledger.transfer_end_at[i] = ledger.first_token_at[i] = now
         if ledger.output[i] == 1:
             self._finish(i, now)
             self._pull()

@@ -4,9 +4,9 @@ Each batch takes the longest FCFS head that fits the token budget, the batch siz
 free blocks of the send buffer (``policies.batching``), waits the batch's predicted time (one
 timer), then hands every request to the decode side. The instance is driven by callbacks: an
 arrival or a buffer release starts the next batch when it is idle. A batch of requests admitted
-ahead of their arrival (``Router.admit_next``) starts at the last one's arrival. A request's KV cache stays
-in the send buffer until the decode side has pulled it (``release``), so a slow decode side
-backs up into prefill.
+ahead of their arrival (``Router.admit_next``) starts at the last one's arrival. A request's
+KV cache stays in the send buffer until the decode side has pulled it (``release``), so a slow
+decode side backs up into prefill.
 """
 
 from __future__ import annotations
@@ -75,8 +75,6 @@ class PrefillInstance:
         env, source, queue = self.env, self.source, self.queue
         if source is not None:
             source.admit_until(env.now, self)
-            if not queue:
-                source.admit_next(self)
         prompt = self.ledger.prompt
         take = fcfs_prefill_batch(queue, prompt, self.max_batch_size, self.max_batch_tokens,
                                   self.free_blocks, self.block_size) if queue else 0

@@ -66,12 +66,15 @@ class Router:
 
     # -- one prefill instance: lazy admission ---------------------------------------------
     def admit_until(self, now: float, prefill) -> None:
-        """Admit every request that has arrived by ``now`` to the single ``prefill``."""
+        """Admit every request that has arrived by ``now`` to the single ``prefill``; if none
+        is queued there then, the requests of the next arrival instant (``admit_next``)."""
         arrivals, n, i = self.ledger.arrival_at, self.ledger.n, self.next
         while i < n and arrivals[i] <= now:
             self._admit(i, prefill)
             i += 1
         self.next = i
+        if not prefill.queue:
+            self.admit_next(prefill)
 
     def admit_next(self, prefill) -> None:
         """``prefill`` is idle with nothing queued: admit the requests of the next arrival

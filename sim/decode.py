@@ -165,16 +165,15 @@ class DecodeInstance:
             self.busy_time += at - start
             self.num_iterations += done
             self.iteration += done
-        self._admit_and_plan(at)
+        self._admit_and_plan(at, now)
 
-    def _arm(self, steps: int, end: float) -> None:
+    def _arm(self, steps: int, end: float, now: float) -> None:
         """The live run ends at ``end`` after ``steps`` iterations. A live timer that fires no
         later is kept (it re-arms when it fires); an earlier end needs a new timer, and the old
         one goes stale."""
         self._timer_steps, self._end = steps, end
         if self._timer is not None and self._timer_at <= end:
             return
-        now = self.env.now
         self._timer_at = end
         timer = self._timer = Timeout(self.env, end - now if end > now else 0.0)
         timer.callbacks.append(self._on_timer)
@@ -184,7 +183,7 @@ class DecodeInstance:
             return                                     # superseded by an earlier timer
         self._timer = None
         if self._end > self._timer_at:                 # the run grew after this timer was set
-            self._arm(self._timer_steps, self._end)
+            self._arm(self._timer_steps, self._end, self.env.now)
         else:
             self._boundary(self._timer_steps)
 
@@ -197,16 +196,20 @@ class DecodeInstance:
         self.iteration += steps
         it = self.iteration
         freed = False
-        while running and running[0][0] == it:
-            _, i = heapq.heappop(running)
-            self._context_base -= ledger.prompt[i] + 1 - ledger.join_iteration[i]
-            self._finish(i, now)
+        if running and running[0][0] == it:
+            prompt, joined, memory = ledger.prompt, ledger.join_iteration, self.memory
+            while running and running[0][0] == it:
+                _, i = heapq.heappop(running)
+                self._context_base -= prompt[i] + 1 - joined[i]
+                ledger.finish(i, now)
+                memory.release(i)
+                self.num_assigned -= 1
             freed = True
-        self._admit_and_plan(now)
+        self._admit_and_plan(now, now)
         if freed:
             self._pull()
 
-    def _admit_and_plan(self, at: float) -> None:
+    def _admit_and_plan(self, at: float, now: float) -> None:
         """Join waiting requests at iteration boundary ``at``, then plan the run from there:
         up to the next finish (fast-forward) or one iteration (the oracle)."""
         ledger, running, waiting, it = self.ledger, self.running, self.waiting, self.iteration
@@ -221,7 +224,7 @@ class DecodeInstance:
             steps = running[0][0] - it if self.fast_forward else 1
             context = self._context_base + batch * it
             self._plan = (at, batch, context, steps, factor)
-            self._arm(steps, at + factor * self.predictor.decode_time(batch, context, steps))
+            self._arm(steps, at + factor * self.predictor.decode_time(batch, context, steps), now)
         else:
             self._plan = None
             self._timer = None

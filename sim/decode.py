@@ -206,7 +206,7 @@ class DecodeInstance:
                 self.num_assigned -= 1
             freed = True
         self._admit_and_plan(now, now)
-        if freed:
+        if freed and self.pending:
             self._pull()
 
     def _admit_and_plan(self, at: float, now: float) -> None:

@@ -66,7 +66,7 @@ class PrefillInstance:
 
     def release(self, i: int) -> None:
         """The decode side has pulled request ``i``'s KV cache: free its send buffer."""
-        self.free_blocks += blocks_for(self.ledger.prompt[i], self.block_size)
+        self.free_blocks += -(-self.ledger.prompt[i] // self.block_size)   # blocks_for
         if not self._busy and self.queue:   # an idle, empty instance waits for an arrival
             self._next_batch()
 
@@ -82,19 +82,26 @@ class PrefillInstance:
             self._busy = False
             return
         self._busy = True
+        bs, ledger, now = self.block_size, self.ledger, env.now
         if take == 1:                         # the usual batch below saturation
             i = queue.popleft()
-            batch, lens = (i,), [prompt[i]]
+            n = prompt[i]
+            batch, lens = (i,), (n,)
+            self.queued_tokens -= n
+            self.free_blocks -= -(-n // bs)
+            last = ledger.arrival_at[i]
+            at = last if last > now else now      # admitted ahead of its arrival (lazy router)
+            ledger.prefill_start_at[i] = at
         else:
             batch = [queue.popleft() for _ in range(take)]
             lens = [prompt[i] for i in batch]
-        bs = self.block_size
-        self.queued_tokens -= sum(lens)
-        self.free_blocks -= sum(-(-n // bs) for n in lens)
-        now, start, last = env.now, self.ledger.prefill_start_at, self.ledger.arrival_at[batch[-1]]
-        at = last if last > now else now          # admitted ahead of its arrival (lazy router)
-        for i in batch:
-            start[i] = at
+            self.queued_tokens -= sum(lens)
+            self.free_blocks -= sum(-(-n // bs) for n in lens)
+            last = ledger.arrival_at[batch[-1]]
+            at = last if last > now else now
+            start = ledger.prefill_start_at
+            for i in batch:
+                start[i] = at
         duration = self.predictor.prefill_time(lens)
         self.busy_time += duration
         self.num_batches += 1

@@ -79,7 +79,8 @@ class DecodeInstance:
         self.num_assigned += 1
         self.ledger.decode_instance[i] = self.index
         self.pending.append((i, source))
-        self._pull()
+        if len(self.pending) == 1:            # else it waits behind earlier requests
+            self._pull()
 
     def _pull(self) -> None:
         ledger, pending, now = self.ledger, self.pending, self.env.now

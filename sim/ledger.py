@@ -7,6 +7,7 @@ table (``traces.schema``). Lists indexed by position keep the hot path free of o
 from __future__ import annotations
 
 import bisect
+from array import array
 import math
 
 import numpy as np
@@ -30,16 +31,19 @@ class Ledger:
         self.status: list[Status | None] = [None] * n
         self.prefill_instance = [-1] * n
         self.decode_instance = [-1] * n
-        self.prefill_start_at = [NAN] * n
-        self.prefill_end_at = [NAN] * n
-        self.transfer_start_at = [NAN] * n
-        self.transfer_end_at = [NAN] * n
-        self.first_token_at = [NAN] * n
-        self.finished_at = [NAN] * n
+        # Instants are written once each and read back as whole columns: flat float arrays
+        # turn into the records table without a per-element conversion.
+        nans = array("d", [NAN]) * n
+        self.prefill_start_at = array("d", nans)
+        self.prefill_end_at = array("d", nans)
+        self.transfer_start_at = array("d", nans)
+        self.transfer_end_at = array("d", nans)
+        self.first_token_at = array("d", nans)
+        self.finished_at = nans
         self.num_generated = [0] * n
         self.join_iteration = [0] * n   # decode iteration at which the request joined
         self.num_ended = 0              # requests in a final state
-        self.kv_bytes = [0] * n
+        self.kv_bytes = array("q", bytes(8 * n))
 
     def fail(self, i: int, status: Status, now: float) -> None:
         assert self.status[i] is None, f"request {i} already ended as {self.status[i]}"
@@ -73,19 +77,21 @@ class Ledger:
             generated = list(generated)
             for i in late:
                 status[i], generated[i] = None, 0
-            columns = {name: [NAN if t > cut_at else t for t in values]
+            columns = {name: np.where(np.frombuffer(values) > cut_at, NAN, values)
                        for name, values in columns.items()}
-        for i, s in enumerate(status):
-            if s is None:
-                if cut_at is None:
-                    raise RuntimeError(f"request {self.trace.request_id[i]} ended in no state")
-                status[i] = Status.UNFINISHED
+        if None in status:
+            for i, s in enumerate(status):
+                if s is None:
+                    if cut_at is None:
+                        raise RuntimeError(f"request {self.trace.request_id[i]} ended in no "
+                                           f"state")
+                    status[i] = Status.UNFINISHED
         return records_frame({
             "request_id": self.trace.request_id,
             "arrival_at": self.arrival_at,
             "num_prompt_tokens": self.prompt,
             "num_output_tokens": self.output,
-            "status": np.array([s.value for s in status], dtype=object),
+            "status": np.array([s._value_ for s in status], dtype=object),
             "prefill_instance": self.prefill_instance,
             "decode_instance": self.decode_instance,
             **columns,

@@ -57,36 +57,62 @@ class Scratch:
     def __init__(self, tiles: int, device) -> None:
         elems = tiles * TILE_ELEMS
         self.values = torch.empty(elems, device=device)                 # x as float32
-        self.magnitude = torch.empty(elems, device=device)              # |x|
+        self.magnitude = torch.empty(elems, dtype=torch.int32, device=device)   # |x| bits
         self.code = torch.empty(elems, dtype=torch.int8, device=device)
         self.sign = torch.empty(elems, dtype=torch.int8, device=device)
 
 
-def _pack_bfp(tiles: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scratch) -> None:
-    """Block-float bytes of the tiles ``tiles`` [n, 1024] into the rows ``out``: the short
-    recipe for bfloat16 and float16 values, else (or where it declines) the integer one."""
+def _pack_bfp(tiles: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scratch,
+              narrow: bool = False) -> None:
+    """Block-float bytes of the tiles ``tiles`` [n, 1024] into the rows ``out`` [..., bytes]:
+    the short recipe for bfloat16 and float16 values, else (or where it declines) the integer
+    one. ``narrow``: ``tiles`` is float32 scratch that holds such values and may be
+    overwritten (the transformation widens while it tilizes)."""
+    x = tiles if narrow and tiles.dtype == torch.float32 else None
     if tiles.dtype in NARROW_FLOATS:
         x = scratch.values[:tiles.numel()].view(tiles.shape)
         x.copy_(tiles)
-        if _bfp_narrow(x, mag_bits, out, scratch):
-            return
+    if x is not None and _bfp_narrow(x, mag_bits, out, scratch):
+        return
     _bfp_chunk(tiles, mag_bits, out)
 
 
+def _write_codes(magnitude: torch.Tensor, sign, mag_bits: int, out: torch.Tensor) -> None:
+    """Codes ``magnitude | sign`` [n, 1024] (one per byte; ``sign`` may be None) into the code
+    bytes of the rows ``out`` [..., bytes]; bfloat4_b puts element 2m in the low nibble, 2m+1
+    in the high one."""
+    lead = out.shape[:-1]
+    codes = magnitude.view(*lead, TILE_ELEMS)
+    if mag_bits == 7:
+        target = out[..., GROUPS:].view(codes.dtype)
+        if sign is None:
+            target.copy_(codes)
+        else:
+            torch.bitwise_or(codes, sign.view(codes.shape), out=target)
+        return
+    if sign is not None:
+        codes = codes.bitwise_or_(sign.view(codes.shape))
+    codes = codes.view(torch.uint8)
+    torch.bitwise_or(codes[..., 0::2] & 0xF, codes[..., 1::2] << 4, out=out[..., GROUPS:])
+
+
 def _bfp_narrow(x: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scratch) -> bool:
-    """Encode float32 tiles ``x`` [n, 1024] that hold bfloat16 or float16 values (overwritten).
+    """Encode float32 tiles ``x`` [n, 1024] that hold bfloat16 or float16 values (overwritten)
+    into the rows ``out`` [..., bytes] (leading dims: n tiles, any strides).
 
     Such a value has at most 11 significant bits, so the alignment shift of ``hardware.tiles``
     drops no bit that could reach the rounding position: the magnitude code is exactly
-    ``|x| * 2^(126 + mag_bits - E)`` rounded half to even, done by one scaling and the float
-    add of ``1.5 * 2^23``; the signed int8 result then becomes sign-magnitude. Returns False,
-    writing nothing, when a group needs the general recipe (inf or NaN; a nonzero group whose
-    shared exponent is at most ``mag_bits``, where denormals would not round to 0).
+    ``|x| * 2^(126 + mag_bits - E)`` rounded half to even, done by one exact scaling and
+    ``round`` (half to even); the signed int8 result then becomes sign-magnitude. Returns
+    False, writing nothing and leaving ``x`` as it was, when a group needs the general recipe
+    (inf or NaN; a nonzero group whose shared exponent is at most ``mag_bits``, where denormals
+    would not round to 0).
     """
     n = x.shape[0]
     g = x.view(n * GROUPS, FACE)                                        # [G, 16]
-    mag = torch.abs(g, out=scratch.magnitude[:g.numel()].view(g.shape))
-    top = mag.view(torch.int32).amax(-1, keepdim=True)                 # [G, 1] max |x| bits
+    mag = torch.bitwise_and(g.view(torch.int32), 0x7FFFFFFF,
+                            out=scratch.magnitude[:g.numel()].view(g.shape))
+    top = mag.amax(-1, keepdim=True)                                    # [G, 1] max |x| bits
     shared = top >> 23                                                  # exponent field E
     lo, hi = (int(v) for v in torch.aminmax(shared))
     if hi == 255:
@@ -98,22 +124,18 @@ def _bfp_narrow(x: torch.Tensor, mag_bits: int, out: torch.Tensor, scratch: Scra
         scaled = shared.clamp(min=mag_bits + 1)                        # all-zero groups: any scale
     scale = ((253 + mag_bits - scaled) << 23).view(torch.float32)     # 2^(126 + mag_bits - E)
     lim = (1 << mag_bits) - 1
-    g.mul_(scale).add_(MAGIC).clamp_(MAGIC - lim, MAGIC + lim)        # MAGIC + signed code
+    g.mul_(scale).round_().clamp_(-lim, lim)                           # signed code
     q = scratch.code[:g.numel()].view(n, TILE_ELEMS)
-    q.copy_(x.view(torch.int32))                                        # low byte: -lim..lim
+    q.copy_(x)                                                          # -lim..lim, exact
     sign = torch.bitwise_and(q, -128 >> (7 - mag_bits), out=scratch.sign[:q.numel()].view(q.shape))
-    out[:, :GROUPS] = shared.view(n, GROUPS)
-    if mag_bits == 7:                                                   # sign-magnitude
-        torch.bitwise_or(q.abs_(), sign, out=out[:, GROUPS:].view(torch.int8))
-        return True
-    codes = q.abs_().bitwise_or_(sign).view(torch.uint8)               # low nibble: the code
-    torch.bitwise_or(codes[:, 0::2] & 0xF, codes[:, 1::2] << 4, out=out[:, GROUPS:])
+    out[..., :GROUPS] = shared.view(out.shape[:-1] + (GROUPS,))
+    _write_codes(q.abs_(), sign, mag_bits, out)                        # sign-magnitude
     return True
 
 
 def _bfp_chunk(tiles: torch.Tensor, mag_bits: int, out: torch.Tensor) -> None:
     """The integer recipe of ``hardware.tiles.bfp_encode`` on the float32 bit patterns, for
-    any input (float32 values, inf and NaN included)."""
+    any input (float32 values, inf and NaN included); ``out`` [..., bytes] as above."""
     n = tiles.shape[0]
     bits = tiles.float().reshape(n * GROUPS, FACE).view(torch.int32)   # [G, 16]
     exp = (bits >> 23) & 0xFF
@@ -124,11 +146,8 @@ def _bfp_chunk(tiles: torch.Tensor, mag_bits: int, out: torch.Tensor) -> None:
     half = 1 << (drop - 1)
     q = ((aligned + (half - 1) + ((aligned >> drop) & 1)) >> drop).clamp_(max=(1 << mag_bits) - 1)
     codes = (q | ((bits >> (31 - mag_bits)) & (1 << mag_bits)) * (q > 0)).to(torch.uint8)
-    codes = codes.view(n, TILE_ELEMS)
-    if mag_bits == 3:
-        codes = codes[:, 0::2] | (codes[:, 1::2] << 4)                 # [n, 512]
-    out[:, :GROUPS] = shared.view(n, GROUPS)
-    out[:, GROUPS:] = codes
+    out[..., :GROUPS] = shared.view(out.shape[:-1] + (GROUPS,))
+    _write_codes(codes, None, mag_bits, out)
 
 
 def pack_tiles(tiles: torch.Tensor, dtype_name: str) -> torch.Tensor:
@@ -147,11 +166,14 @@ def pack(x: torch.Tensor, dtype_name: str) -> torch.Tensor:
     return pack_tiles(tilize(x), dtype_name)
 
 
-def pack_rows(x: torch.Tensor, dtype_name: str, out: torch.Tensor, scratch) -> None:
-    """Pack the tiles ``x`` [n, 1024] into the rows ``out`` [n, tile_bytes]. ``scratch``: a
-    ``Scratch`` for at least ``n`` tiles where ``x`` is bfloat16 or float16, else unused."""
+def pack_rows(x: torch.Tensor, dtype_name: str, out: torch.Tensor, scratch,
+              narrow: bool = False) -> None:
+    """Pack the tiles ``x`` [n, 1024] into the rows ``out`` [..., tile_bytes] (leading dims
+    hold the n tiles in ``x``'s order; any strides, e.g. rows of a send buffer grouped by
+    bank). ``scratch``: a ``Scratch`` for at least ``n`` tiles where ``x`` holds bfloat16 or
+    float16 values, else unused. ``narrow``: ``x`` is float32 scratch holding such values."""
     fmt = tile_format(dtype_name)
     if fmt.is_block_float:
-        _pack_bfp(x, fmt.mag_bits, out, scratch)
+        _pack_bfp(x, fmt.mag_bits, out, scratch, narrow)
     else:
-        out.copy_(pack_tiles(x, dtype_name))
+        out.copy_(pack_tiles(x, dtype_name).view(out.shape))

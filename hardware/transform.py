@@ -9,11 +9,16 @@ The send buffer's layout is the source side of ``hardware.plans.hawk_plan`` for 
 request. Only device-agnostic torch ops are used, so a CUDA cache is transformed on the GPU.
 
 How it runs (head size a multiple of 32): one ``index_select`` of 16-token pieces (long
-contiguous copies) builds the request's tokens; one strided ``copy_`` then tilizes them and,
+contiguous copies) builds the request's tokens. Where the send rows hold the values as they
+are (bfloat16 from a bfloat16 cache, float32), one strided ``copy_`` then tilizes them and,
 where a run's send rows are affine in the tile coordinates (a run that starts at bank 0 and
-fills whole bank rows), regroups them by bank in the same copy; otherwise the page-ordered
-tiles are reordered with one ``index_select`` of whole pages. Packing (tile formats, the short
-block-float recipe and its integer fallback) lives in ``hardware.tile_torch``.
+fills whole bank rows), regroups them by bank in the same copy. Block floats go a batch of TT
+blocks at a time: one strided copy tilizes the batch into a small float32 buffer (widening
+bfloat16 as it goes), and packing writes each tile straight into its send row through a
+strided view, so there is no separate regroup pass. Where the rows are not affine, tiles are
+packed in page order and whole pages reordered with one ``index_select``. Packing (tile
+formats, the short block-float recipe and its integer fallback) lives in
+``hardware.tile_torch``.
 ``_transform_stepwise`` is the paper's steps one by one.
 """
 
@@ -33,6 +38,7 @@ from hardware.tile_torch import NARROW_FLOATS, Scratch, pack, pack_rows, pack_ti
 from hardware.tiles import FACE, TILE, TILE_ELEMS, tile_format
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+PACK_BATCH_TILES = 512     # tiles tilized and packed at a time (float32: 2 MiB of scratch)
 
 
 def _as_tensor(x, device) -> torch.Tensor:
@@ -230,9 +236,21 @@ def _zero_tail(tokens: torch.Tensor, order: str, num_tokens: int, heads: int) ->
     t[:, full + (part > 0):] = 0
 
 
+def _run_rows(rows: torch.Tensor, run, b0: int, b1: int, tile_dims: tuple, inner: tuple,
+              inner_strides: tuple) -> torch.Tensor:
+    """The send ``rows`` of TT blocks ``b0..b1`` of ``run`` as ``[2, b1 - b0, H, TR, TW] +
+    inner``: ``run`` is ``(first, end, row, row strides over (block, head, tile row, tile
+    column))`` and ``rows`` holds K's rows, then V's."""
+    lo, _, base, strides = run
+    per_tensor, step = rows.shape[0] // 2, rows.stride(0)
+    size = (2, b1 - b0) + tuple(tile_dims) + inner
+    stride = (per_tensor * step,) + tuple(s * step for s in strides) + inner_strides
+    first = base + (b0 - lo) * strides[0]
+    return rows.as_strided(size, stride, rows.storage_offset() + first * step)
+
+
 def _place(src: torch.Tensor, rows: torch.Tensor, tg: TileGather) -> None:
     """Copy the tiles ``src`` [2, nb, H, TR, TW, 2, 2, 16, 16] into their send ``rows``."""
-    per_tensor, step = rows.shape[0] // 2, rows.stride(0)
     if tg.runs is None:                                                 # tilize, then reorder
         tiles = src.reshape(-1, TILE_ELEMS)
         order = _as_tensor(tg.rows, tiles.device)
@@ -241,17 +259,43 @@ def _place(src: torch.Tensor, rows: torch.Tensor, tg: TileGather) -> None:
         else:
             rows[:, :TILE_ELEMS] = tiles.index_select(0, order)
         return
-    for lo, hi, base, strides in tg.runs:                               # one strided copy a run
-        size = (2, hi - lo) + tuple(src.shape[2:])
-        stride = (per_tensor * step,) + tuple(s * step for s in strides) + (512, 256, FACE, 1)
-        rows.as_strided(size, stride, rows.storage_offset() + base * step).copy_(src[:, lo:hi])
+    for run in tg.runs:                                                 # one strided copy a run
+        lo, hi = run[:2]
+        _run_rows(rows, run, lo, hi, src.shape[2:5], (2, 2, FACE, FACE),
+                  (512, 256, FACE, 1)).copy_(src[:, lo:hi])
 
 
-def _tile_layers(layers, req: RequestTransfer, tg: TileGather, view: torch.Tensor,
-                 chunk: int = 512) -> None:
-    """Per layer: gather the request's 16-token pieces (long contiguous copies), tilize them
-    into the send rows with one strided copy (converting to float32 first when the rows need
-    packing), then pack ``chunk`` rows at a time."""
+def _pack_blocks(src: torch.Tensor, rows: torch.Tensor, tg: TileGather, dtype_name: str,
+                 work: torch.Tensor, scratch, narrow: bool) -> None:
+    """Tilize and pack the tiles ``src`` [2, nb, H, TR, TW, 2, 2, 16, 16] into their send
+    ``rows`` [2 * S, page_bytes], a batch of TT blocks at a time: one strided copy into
+    ``work`` (widening bfloat16 / float16 to float32 when ``narrow``), then packing straight
+    into the batch's send rows. Unaligned banks (no ``runs``): pack in page order, then
+    reorder whole pages."""
+    tile_dims = tuple(src.shape[2:5])                                   # (H, TR, TW)
+    per_block = 2 * math.prod(tile_dims)                                # K and V tiles
+    batch = max(1, work.shape[0] // per_block)                          # TT blocks a batch
+    runs, target = tg.runs, rows
+    if runs is None:
+        heads, tr, tw = tile_dims
+        runs = ((0, src.shape[1], 0, (per_block // 2, tr * tw, tw, 1)),)
+        target = torch.empty(rows.shape, dtype=rows.dtype, device=rows.device)
+    for run in runs:
+        lo, hi = run[:2]
+        for b0 in range(lo, hi, batch):
+            b1 = min(hi, b0 + batch)
+            x = work[:(b1 - b0) * per_block]                            # [n, 1024]
+            x.view((2, b1 - b0) + tuple(src.shape[2:])).copy_(src[:, b0:b1])
+            out = _run_rows(target, run, b0, b1, tile_dims, (rows.shape[1],), (1,))
+            pack_rows(x, dtype_name, out, scratch, narrow)
+    if tg.runs is None:
+        rows.copy_(target.index_select(0, _as_tensor(tg.rows, rows.device)))
+
+
+def _tile_layers(layers, req: RequestTransfer, tg: TileGather, view: torch.Tensor) -> None:
+    """Per layer: gather the request's 16-token pieces (long contiguous copies), then either
+    tilize them into the send rows with one strided copy (the rows hold the values as they
+    are) or tilize and pack ``PACK_BATCH_TILES`` tiles at a time (``_pack_blocks``)."""
     g, tt = req.gpu, req.tt
     device, dtype = layers[0].device, layers[0].dtype
     nb = req.tt_blocks.size
@@ -261,19 +305,23 @@ def _tile_layers(layers, req: RequestTransfer, tg: TileGather, view: torch.Tenso
                        g.head_size // TILE)
     index = _as_tensor(tg.index, device)
     direct = _direct_dtype(tt.dtype, dtype, view)
-    work = None if direct else torch.empty(view.shape[1], TILE_ELEMS, dtype=dtype, device=device)
-    block_float = tile_format(tt.dtype).is_block_float and dtype in NARROW_FLOATS
-    scratch = Scratch(min(chunk, view.shape[1]), device) if block_float else None
+    block_float = tile_format(tt.dtype).is_block_float
+    narrow = block_float and dtype in NARROW_FLOATS                     # packed from float32
+    work = None
+    if not direct:
+        tiles = min(view.shape[1], max(PACK_BATCH_TILES, 2 * math.prod(src.shape[2:5])))
+        work = torch.empty(tiles, TILE_ELEMS, dtype=torch.float32 if narrow else dtype,
+                           device=device)
+    scratch = Scratch(work.shape[0], device) if block_float and not direct else None
     for i, layer in enumerate(layers):
         torch.index_select(layer.reshape(-1, tg.unit_elems), 0, index,
                            out=tokens.view(-1, tg.unit_elems))
         if tokens.shape[1] > req.num_tokens:
             _zero_tail(tokens, g.order, req.num_tokens, g.num_kv_heads)
-        rows = view[i].view(direct).view(view.shape[1], -1) if direct else work
-        _place(src, rows, tg)
-        for lo in range(0, 0 if direct else work.shape[0], chunk):
-            pack_rows(work[lo:lo + chunk], tt.dtype, view[i, lo:lo + chunk, :tt.page_bytes],
-                       scratch)
+        if direct:
+            _place(src, view[i].view(direct).view(view.shape[1], -1), tg)
+        else:
+            _pack_blocks(src, view[i, :, :tt.page_bytes], tg, tt.dtype, work, scratch, narrow)
 
 
 def _unit_layers(layers, req: RequestTransfer, ug: UnitGather, view: torch.Tensor) -> None:

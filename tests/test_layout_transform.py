@@ -163,6 +163,27 @@ def test_fused_gather_equals_the_papers_two_steps(num_tokens, dtype, banks, orde
     assert torch.equal(fused, steps)
 
 
+@pytest.mark.parametrize("batch_tiles", [1, 7, 40])
+def test_batched_packing_equals_the_papers_two_steps(monkeypatch, batch_tiles):
+    # small batches: packing splits runs of TT blocks; shapes not multiples of 32, both
+    # orders, aligned and unaligned banks, every cache dtype
+    monkeypatch.setattr(transform, "PACK_BATCH_TILES", batch_tiles)
+    rng = np.random.default_rng(batch_tiles)
+    for _ in range(12):
+        order, dtype = rng.choice(["NHD", "HND"]), rng.choice(DTYPES)
+        gpu_dtype = rng.choice(["bfloat16", "float16", "float32"])
+        req = make_transfer(rng, int(rng.integers(1, 230)), int(rng.integers(1, 4)),
+                            int(rng.choice([32, 64, 96])), int(rng.choice([16, 32, 48])), order,
+                            int(rng.choice([32, 64])), dtype, int(rng.integers(1, 13)),
+                            alignment=int(rng.choice([32, 64, 128])), gpu_dtype=gpu_dtype)
+        layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(1))
+        for kind, order_ in (("hawk", hawk_segments(req)[0]), ("per_page", None)):
+            gather = transform.prepare(req, kind)
+            make = transform.hawk_transform if kind == "hawk" else transform.page_order_transform
+            steps = transform._transform_stepwise(layers, req, order_, gather.stride)
+            assert torch.equal(make(layers, req, gather=gather), steps), (kind, req.gpu, req.tt)
+
+
 def test_transform_fills_a_given_send_buffer():
     req = make_transfer(np.random.default_rng(8), 40, 1, 64, 16, "NHD", 32, "bfloat16", 5)
     layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(1))

@@ -154,7 +154,10 @@ def cmd_sweep(args) -> int:
 def cmd_bench(args) -> int:
     from sim import bench
 
-    report = bench.run(num_requests=args.num_requests, rate=args.rate, seed=args.seed)
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    report = bench.run(num_requests=args.num_requests, rate=args.rate, seed=args.seed,
+                       repeats=args.repeats)
     print(json.dumps(report) if args.json else bench.format_report(report))
     return 0
 
@@ -188,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-requests", type=int, default=100_000)
     p.add_argument("--rate", type=float, help="arrival rate (default: the knee, found first)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="best of this many runs (default 3)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 

@@ -110,3 +110,19 @@ def test_mechanism_flag_selects_the_transfer_path(capsys):
     host = run_json(capsys, "simulate", "--num-requests", "200", "--mechanism", "GN-Host",
                     "--json")
     assert host["ttft_p50_s"] > hawk["ttft_p50_s"]        # host staging costs time
+
+
+def test_bench_reports_rates_and_ratios(capsys):
+    report = run_json(capsys, "bench", "--num-requests", "2000", "--rate", "0.5",
+                      "--repeats", "1", "--json")
+    assert report["num_requests"] == 2000 and report["repeats"] == 1
+    assert report["requests_per_bare_event"] == pytest.approx(
+        report["simulated_requests_per_s"] / report["bare_simpy_events_per_s"])
+    assert report["long_output_wall_ratio"] == pytest.approx(
+        report["long_output_wall_s"] / report["wall_s"])
+    assert 0 < report["slo_attainment"] <= 1
+
+
+def test_bench_refuses_zero_repeats(capsys):
+    assert main(["bench", "--repeats", "0"]) != 0
+    assert "--repeats" in capsys.readouterr().err

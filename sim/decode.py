@@ -151,7 +151,7 @@ class DecodeInstance:
     def _change_at_next_boundary(self, now: float) -> None:
         """A change mid-run (a request landed with room in the batch, a new step-time factor)
         takes effect at the next iteration boundary: commit the live run up to there and plan
-        the next run from it, now. Only the timer moves (``_arm``); no event marks the join."""
+        the next run from it, now. Only the timer moves; no event marks the join."""
         if not self.fast_forward:
             return                                     # the oracle stops at every boundary
         start, batch, context, steps, factor = self._plan
@@ -168,13 +168,7 @@ class DecodeInstance:
             self.iteration += done
         self._admit_and_plan(at, now)
 
-    def _arm(self, steps: int, end: float, now: float) -> None:
-        """The live run ends at ``end`` after ``steps`` iterations. A live timer that fires no
-        later is kept (it re-arms when it fires); an earlier end needs a new timer, and the old
-        one goes stale."""
-        self._timer_steps, self._end = steps, end
-        if self._timer is not None and self._timer_at <= end:
-            return
+    def _set_timer(self, end: float, now: float) -> None:
         self._timer_at = end
         timer = self._timer = Timeout(self.env, end - now if end > now else 0.0)
         timer.callbacks.append(self._on_timer)
@@ -182,10 +176,10 @@ class DecodeInstance:
     def _on_timer(self, timer) -> None:
         if timer is not self._timer:
             return                                     # superseded by an earlier timer
-        self._timer = None
         if self._end > self._timer_at:                 # the run grew after this timer was set
-            self._arm(self._timer_steps, self._end, self.env.now)
+            self._set_timer(self._end, self.env.now)
         else:
+            self._timer = None
             self._boundary(self._timer_steps)
 
     def _boundary(self, steps: int) -> None:
@@ -225,7 +219,12 @@ class DecodeInstance:
             steps = running[0][0] - it if self.fast_forward else 1
             context = self._context_base + batch * it
             self._plan = (at, batch, context, steps, factor)
-            self._arm(steps, at + factor * self.predictor.decode_time(batch, context, steps), now)
+            end = at + factor * self.predictor.decode_time(batch, context, steps)
+            self._timer_steps, self._end = steps, end
+            # A live timer that fires no later is kept (it re-arms when it fires, _on_timer);
+            # an earlier end needs a new timer, and the old one goes stale.
+            if self._timer is None or end < self._timer_at:
+                self._set_timer(end, now)
         else:
             self._plan = None
             self._timer = None

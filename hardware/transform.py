@@ -9,21 +9,24 @@ The send buffer's layout is the source side of ``hardware.plans.hawk_plan`` for 
 request. Only device-agnostic torch ops are used, so a CUDA cache is transformed on the GPU.
 
 How it runs (head size a multiple of 32): one ``index_select`` of 16-token pieces (long
-contiguous copies) builds the request's tokens. Where the send rows hold the values as they
-are (bfloat16 from a bfloat16 cache, float32), one strided ``copy_`` then tilizes them and,
-where a run's send rows are affine in the tile coordinates (a run that starts at bank 0 and
-fills whole bank rows), regroups them by bank in the same copy. Block floats go a batch of TT
-blocks at a time: one strided copy tilizes the batch into a small float32 buffer (widening
-bfloat16 as it goes), and packing writes each tile straight into its send row through a
-strided view, so there is no separate regroup pass. Where the rows are not affine, tiles are
-packed in page order and whole pages reordered with one ``index_select``. Packing (tile
-formats, the short block-float recipe and its integer fallback) lives in
-``hardware.tile_torch``.
+contiguous copies) builds the request's tokens. Where the send rows hold the values as they are
+(bfloat16 from a bfloat16 cache, float32) and contiguous, one ``index_select`` of face rows (16
+elements, 32 bytes in bfloat16) per tensor tilizes them and regroups them by bank at once: the
+index, built with the plan, lists each send row's face rows. With padded rows, one strided
+``copy_`` tilizes them and, where a run's send rows are affine in the tile coordinates (a run
+that starts at bank 0 and fills whole bank rows), regroups them in the same copy; else whole
+pages are reordered after it. Block floats go a batch of TT blocks at a time: one strided copy
+tilizes the batch into a small float32 buffer (widening bfloat16 as it goes), and packing
+writes each tile straight into its send row through a strided view, so there is no separate
+regroup pass. Where the rows are not affine, tiles are packed in page order and whole pages
+reordered with one ``index_select``. Packing (tile formats, the short block-float recipe and
+its integer fallback) lives in ``hardware.tile_torch``.
 ``_transform_stepwise`` is the paper's steps one by one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -123,12 +126,16 @@ class TileGather:
     tile row, tile column))`` when each run's send rows are affine in the tile coordinates,
     as for a run starting at bank 0 with a whole number of bank rows; else ``None`` and
     ``rows`` (page-order row of each send row) reorders the tiles after the copy.
+    ``units``: where the send rows are the tiles' values as they are and contiguous, the
+    face row (16 elements) of one tensor's token buffer that each face row of its send rows
+    takes (``tile_units``): then one ``index_select`` of face rows replaces the strided copy.
     """
 
     unit_elems: int          # elements per 16-token piece (NHD: all heads; HND: one head)
     index: np.ndarray        # [2 * pieces] source piece of each piece of the token buffer
     runs: tuple | None
     rows: np.ndarray | None
+    units: np.ndarray | None = None      # [S * 64] int32
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,25 @@ def tile_gather(req: RequestTransfer, page_order=None) -> TileGather:
     return TileGather(unit, first.reshape(-1), None, np.concatenate([order, s + order]))
 
 
+def tile_units(req: RequestTransfer, page_order=None) -> np.ndarray:
+    """Face rows of one tensor's token buffer in send order: ``[S * 64]`` int32, tile by tile
+    in ``page_order`` (default: as they come), 64 face rows a tile in tile element order."""
+    g, tt = req.gpu, req.tt
+    order = np.arange(req.pages_per_tensor) if page_order is None else np.asarray(page_order)
+    tiles_w, per_row = g.head_size // TILE, g.head_size // FACE       # face rows per head row
+    block, local = np.divmod(order, tt.pages_per_block)                 # [S]
+    h, rest = np.divmod(local, (tt.block_size // TILE) * tiles_w)
+    tr, tc = np.divmod(rest, tiles_w)
+    f, r = np.divmod(np.arange(TILE_ELEMS // FACE), FACE)               # [64] face, row
+    token = (block * tt.block_size + tr * TILE)[:, None] + (f // 2) * FACE + r   # [S, 64]
+    column = (tc * 2)[:, None] + f % 2
+    if g.order == "NHD":                                                # buffer [T, H, D]
+        row = token * g.num_kv_heads + h[:, None]
+    else:                                                               # [T / 16, H, 16, D]
+        row = ((token // FACE) * g.num_kv_heads + h[:, None]) * FACE + token % FACE
+    return (row * per_row + column).reshape(-1).astype(np.int32)
+
+
 def prepare(req: RequestTransfer, kind: str = "hawk") -> GatherIndex:
     """The gather for ``hawk`` (pages regrouped by bank) or ``per_page`` (pages as they come)."""
     if kind not in ("hawk", "per_page"):
@@ -191,7 +217,10 @@ def prepare(req: RequestTransfer, kind: str = "hawk") -> GatherIndex:
     order = hawk_segments(req)[0] if kind == "hawk" else None
     stride = req.page_stride if kind == "hawk" else req.tt.page_bytes
     if req.gpu.head_size % TILE == 0:
-        return GatherIndex(stride, req.tt.page_bytes, tile_gather(req, order), None)
+        tg = tile_gather(req, order)
+        if req.tt.dtype == req.gpu.dtype and stride == req.tt.page_bytes:    # values as they are
+            tg = dataclasses.replace(tg, units=tile_units(req, order))
+        return GatherIndex(stride, req.tt.page_bytes, tg, None)
     u, index, pad = source_units(req, order)
     return GatherIndex(stride, req.tt.page_bytes, None, UnitGather(u, index, pad))
 
@@ -313,12 +342,21 @@ def _tile_layers(layers, req: RequestTransfer, tg: TileGather, view: torch.Tenso
         work = torch.empty(tiles, TILE_ELEMS, dtype=torch.float32 if narrow else dtype,
                            device=device)
     scratch = Scratch(work.shape[0], device) if block_float and not direct else None
+    units = None
+    if direct == dtype and tg.units is not None:
+        units = torch.as_tensor(tg.units, device=device)
+        unit_bytes = FACE * tokens.element_size()
     for i, layer in enumerate(layers):
         torch.index_select(layer.reshape(-1, tg.unit_elems), 0, index,
                            out=tokens.view(-1, tg.unit_elems))
         if tokens.shape[1] > req.num_tokens:
             _zero_tail(tokens, g.order, req.num_tokens, g.num_kv_heads)
-        if direct:
+        if units is not None:                                           # one gather of face rows
+            rows = view[i].view(2, -1)                                  # [2, S * page_bytes]
+            for kv in (0, 1):
+                torch.index_select(_unit_view(tokens[kv], unit_bytes), 0, units,
+                                   out=_unit_view(rows[kv], unit_bytes))
+        elif direct:
             _place(src, view[i].view(direct).view(view.shape[1], -1), tg)
         else:
             _pack_blocks(src, view[i, :, :tt.page_bytes], tg, tt.dtype, work, scratch, narrow)

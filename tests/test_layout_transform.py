@@ -1,5 +1,6 @@
 """The HAWK transformation in torch: byte-exact packing, and GPU cache -> plan -> banks -> back."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +183,28 @@ def test_batched_packing_equals_the_papers_two_steps(monkeypatch, batch_tiles):
             make = transform.hawk_transform if kind == "hawk" else transform.page_order_transform
             steps = transform._transform_stepwise(layers, req, order_, gather.stride)
             assert torch.equal(make(layers, req, gather=gather), steps), (kind, req.gpu, req.tt)
+
+
+@pytest.mark.parametrize("order", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_face_row_gather_equals_the_strided_copy(order, dtype):
+    # values sent as they are into contiguous rows: one index_select of face rows
+    rng = np.random.default_rng(11)
+    for banks, tokens in ((8, 300), (7, 77), (12, 130), (1, 33)):
+        req = make_transfer(rng, tokens, 2, 64, 16, order, 32, dtype, banks, gpu_dtype=dtype)
+        layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(banks))
+        for kind, page_order in (("hawk", hawk_segments(req)[0]), ("per_page", None)):
+            gather = transform.prepare(req, kind)
+            if gather.stride != req.tt.page_bytes:
+                continue
+            assert gather.tiles.units is not None
+            copied = dataclasses.replace(gather, tiles=dataclasses.replace(gather.tiles,
+                                                                           units=None))
+            make = transform.hawk_transform if kind == "hawk" else transform.page_order_transform
+            fast = make(layers, req, gather=gather)
+            assert torch.equal(fast, make(layers, req, gather=copied))
+            steps = transform._transform_stepwise(layers, req, page_order, gather.stride)
+            assert torch.equal(fast, steps)
 
 
 def test_transform_fills_a_given_send_buffer():

@@ -125,13 +125,13 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                for k in range(cl.decode.num_instances)]
     counter = [0]
 
-    def to_decode(i: int, source) -> None:
+    def route_to_decode(i: int, source) -> None:
         k = decode_route([d.load for d in decodes], counter[0])
         counter[0] += 1
         decodes[k].offer(i, source)
 
-    if len(decodes) == 1:
-        to_decode = decodes[0].offer          # nothing to decide
+    # With one decode instance there is nothing to decide.
+    to_decode = decodes[0].offer if len(decodes) == 1 else route_to_decode
 
     prefills = [PrefillInstance(env, k, ledger, prefill_pred,
                                 max_batch_size=cl.prefill.max_batch_size,

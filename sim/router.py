@@ -15,7 +15,6 @@ same instants (tested).
 from __future__ import annotations
 
 import numpy as np
-from simpy.events import Timeout
 
 from traces.schema import Status
 

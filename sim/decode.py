@@ -51,7 +51,6 @@ class DecodeInstance:
         self.num_assigned = 0             # requests offered and not yet ended
         self.iteration = 0                # iterations completed since the start of the run
         self._context_base = 0            # total context = base + len(running) * iteration
-        self._in_flight: dict[int, tuple] = {}   # request -> (prefill instance, cost)
         self._host_jobs = 0               # host-staged after phases running on this node
         self._factor = 1.0                # step-time factor in force (host slowdown)
         self._plan: tuple | None = None   # (start_at, batch, context, steps, factor)
@@ -97,14 +96,13 @@ class DecodeInstance:
                 self.num_assigned -= 1
                 continue
             cost = self.pricing.price(prompt[i])
-            self._in_flight[i] = (source, cost)
             ledger.kv_bytes[i] = int(cost.wire_bytes)
             ledger.transfer_start_at[i] = now
-            self.link.start(cost.before_s, cost.wire_bytes, self._arrived, i)
+            self.link.start(cost.before_s, cost.wire_bytes, self._arrived, (i, source, cost))
 
-    def _arrived(self, i: int) -> None:
-        """The last byte of ``i`` landed: free the sender, then the mechanism's after phase."""
-        source, cost = self._in_flight.pop(i)
+    def _arrived(self, transfer: tuple) -> None:
+        """The last byte landed: free the sender, then the mechanism's after phase."""
+        i, source, cost = transfer
         source.release(i)
         if cost.after_s > 0:
             if cost.host_cpu_s > 0:

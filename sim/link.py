@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import simpy
 from simpy.events import Timeout
@@ -45,8 +45,8 @@ class KVLink:
     def num_active(self) -> int:
         return len(self._active) + len(self._pending) + (self._solo is not None)
 
-    def start(self, before_s: float, wire_bytes: float, on_done: Callable[[int], None],
-              arg: int) -> None:
+    def start(self, before_s: float, wire_bytes: float, on_done: Callable[[Any], None],
+              arg) -> None:
         """Begin a transfer: ``before_s`` of source-side work, then ``wire_bytes`` through the
         shared NIC; ``on_done(arg)`` runs when the last byte has landed."""
         now = self.env.now

@@ -42,6 +42,7 @@ class DecodeInstance:
         self.env, self.index, self.ledger = env, index, ledger
         self.predictor, self.link = predictor, link
         self.memory, self.pricing = memory, pricing
+        self._stages = memory.stages      # the pool frees staging space once re-laid out
         self.max_batch_size = max_batch_size
         self.host_slowdown = host_slowdown
         self.fast_forward = fast_forward
@@ -120,7 +121,8 @@ class DecodeInstance:
     def _landed(self, i: int) -> None:
         """The KV cache of ``i`` is in the pool: its first token reaches the client."""
         ledger, now = self.ledger, self.env.now
-        self.memory.relayout_done(i)
+        if self._stages:
+            self.memory.relayout_done(i)
         ledger.transfer_end_at[i] = ledger.first_token_at[i] = now
         if ledger.output[i] == 1:
             self._finish(i, now)

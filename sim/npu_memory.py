@@ -7,7 +7,8 @@ One interface (the decode instance calls it; "who calls what, when"):
   back-pressure) or ``"oom"`` (enough memory is free in total but the layout cannot be served:
   the request fails as ``failed_out_of_memory``; nothing stays reserved).
 - ``relayout_done(request)`` once the KV cache has been re-laid out into its final place (frees
-  a single buffer's staging space; a no-op for the other pools).
+  a single buffer's staging space; a no-op for the other pools, whose ``stages`` is False, so
+  callers may skip it).
 - ``release(request)`` when the request finishes (or fails after reserving).
 - ``fits_ever(num_prompt_tokens, num_output_tokens)``: could an empty pool ever hold it;
   ``fits_ever_many`` answers the same for arrays of lengths (a whole trace at once).
@@ -45,6 +46,8 @@ def _blocks(tokens: int, block_size: int) -> int:
 
 class BlockPool:
     """``capacity_blocks`` blocks; a request reserves blocks for prompt + output at once."""
+
+    stages = False        # whether ``relayout_done`` frees anything (a staging buffer)
 
     def __init__(self, capacity_blocks: int, block_size: int):
         if capacity_blocks < 1 or block_size < 1:
@@ -173,6 +176,8 @@ class SingleBufferPool(_BankGrid):
     ``staging_slots_per_token``: slots of one bank a prompt token's raw KV takes in the linear
     buffer (GPU-layout bytes per token per chip over the bytes of one slot).
     """
+
+    stages = True
 
     def __init__(self, num_banks: int, slots_per_bank: int, block_size: int,
                  staging_slots_per_token: float):

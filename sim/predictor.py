@@ -223,7 +223,11 @@ class RooflinePredictor(Predictor):
         a, b = q / 2.0, const + p - q / 2.0            # S(j) = a j^2 + b j on that line
         root = (-b + math.sqrt(b * b + 4 * a * elapsed)) / (2 * a) if a > 0 else elapsed / b
         j = min(max(math.ceil(root), 1), steps)
-        t = self.decode_time(batch, context, j)
+        last = j - 1
+        if pm >= pc and pm + qm * last >= pc + qc * last:   # decode_time's memory-bound case
+            t = j * const + (j * pm + qm * j * last / 2.0)
+        else:
+            t = self.decode_time(batch, context, j)
         if t >= elapsed:                                # the usual case: one evaluation,
             k = j - 1                                   # and the step before it
             if j == 1 or t - (const + max(pc + qc * k, pm + qm * k)) < elapsed:

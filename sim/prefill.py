@@ -73,8 +73,9 @@ class PrefillInstance:
     def _next_batch(self) -> None:
         """Start the next batch if one fits; otherwise stay idle until a kick or release."""
         env, source, queue = self.env, self.source, self.queue
+        now = env.now
         if source is not None:
-            source.admit_until(env.now, self)
+            source.admit_until(now, self)
         prompt = self.ledger.prompt
         take = fcfs_prefill_batch(queue, prompt, self.max_batch_size, self.max_batch_tokens,
                                   self.free_blocks, self.block_size) if queue else 0
@@ -82,7 +83,7 @@ class PrefillInstance:
             self._busy = False
             return
         self._busy = True
-        bs, ledger, now = self.block_size, self.ledger, env.now
+        bs, ledger = self.block_size, self.ledger
         if take == 1:                         # the usual batch below saturation
             i = queue.popleft()
             n = prompt[i]

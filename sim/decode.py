@@ -207,13 +207,14 @@ class DecodeInstance:
     def _admit_and_plan(self, at: float, now: float) -> None:
         """Join waiting requests at iteration boundary ``at``, then plan the run from there:
         up to the next finish (fast-forward) or one iteration (the oracle)."""
-        ledger, running, waiting, it = self.ledger, self.running, self.waiting, self.iteration
-        for _ in range(fcfs_decode_admit(len(waiting), len(running), self.max_batch_size)
-                       if waiting else 0):
-            i = waiting.popleft()
-            ledger.join_iteration[i] = it
-            self._context_base += ledger.prompt[i] + 1 - it
-            heapq.heappush(running, (it + ledger.output[i] - 1, i))
+        running, waiting, it = self.running, self.waiting, self.iteration
+        if waiting:
+            ledger = self.ledger
+            for _ in range(fcfs_decode_admit(len(waiting), len(running), self.max_batch_size)):
+                i = waiting.popleft()
+                ledger.join_iteration[i] = it
+                self._context_base += ledger.prompt[i] + 1 - it
+                heapq.heappush(running, (it + ledger.output[i] - 1, i))
         if running:
             batch, factor = len(running), self._factor
             steps = running[0][0] - it if self.fast_forward else 1

@@ -4,7 +4,7 @@ Each batch takes the longest FCFS head that fits the token budget, the batch siz
 free blocks of the send buffer (``policies.batching``), waits the batch's predicted time (one
 timer), then hands every request to the decode side. The instance is driven by callbacks: an
 arrival or a buffer release starts the next batch when it is idle. A batch of requests admitted
-ahead of their arrival (``Router.admit_next``) starts at the last one's arrival. A request's
+ahead of their arrival (``Router.admit_until``) starts at the last one's arrival. A request's
 KV cache stays in the send buffer until the decode side has pulled it (``release``), so a slow
 decode side backs up into prefill.
 """

@@ -65,28 +65,21 @@ class Router:
 
     # -- one prefill instance: lazy admission ---------------------------------------------
     def admit_until(self, now: float, prefill) -> None:
-        """Admit every request that has arrived by ``now`` to the single ``prefill``; if none
-        is queued there then, the requests of the next arrival instant (``admit_next``)."""
-        arrivals, n, i = self.ledger.arrival_at, self.ledger.n, self.next
-        while i < n and arrivals[i] <= now:
-            self._admit(i, prefill)
-            i += 1
-        self.next = i
-        if not prefill.queue:
-            self.admit_next(prefill)
-
-    def admit_next(self, prefill) -> None:
-        """``prefill`` is idle with nothing queued: admit the requests of the next arrival
-        instant now, ahead of time (nothing can reach the instance before them). The batch
-        then starts at their arrival (``PrefillInstance``), with no timer to wake it."""
+        """Admit every request that has arrived by ``now`` to the single ``prefill``. If none
+        is queued there then, admit the requests of the next arrival instant ahead of time:
+        nothing can reach the instance before them, so its batch starts at their arrival
+        (``PrefillInstance``) with no timer to wake it."""
         arrivals, n, i = self.ledger.arrival_at, self.ledger.n, self.next
         queue = prefill.queue
-        while i < n and not queue:
-            at = arrivals[i]
-            while i < n and arrivals[i] <= at:
-                self._admit(i, prefill)
-                i += 1
-        self.next = i
+        if i < n and (arrivals[i] <= now or not queue):
+            while True:
+                while i < n and arrivals[i] <= now:
+                    self._admit(i, prefill)
+                    i += 1
+                if queue or i == n:
+                    break
+                now = arrivals[i]                  # idle: the next arrival instant
+            self.next = i
 
     # -- several prefill instances: one timer per arrival ---------------------------------
     def run(self):

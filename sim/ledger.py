@@ -40,7 +40,6 @@ class Ledger:
         self.transfer_end_at = array("d", nans)
         self.first_token_at = array("d", nans)
         self.finished_at = nans
-        self.num_generated = [0] * n
         self.join_iteration = [0] * n   # decode iteration at which the request joined
         self.num_ended = 0              # requests in a final state
         self.kv_bytes = array("q", bytes(8 * n))
@@ -55,7 +54,6 @@ class Ledger:
         assert self.status[i] is None, f"request {i} already ended as {self.status[i]}"
         self.status[i] = Status.OK
         self.finished_at[i] = now
-        self.num_generated[i] = self.output[i]
         self.num_ended += 1
 
     def num_in_system(self, now: float) -> int:
@@ -69,14 +67,12 @@ class Ledger:
         its arrival, a run of decode iterations), so later instants are blanked and a request
         that ended after the cut is ``unfinished``."""
         status = list(self.status)
-        generated = self.num_generated
         columns = {name: getattr(self, name) for name in INSTANTS}
         if cut_at is not None:
             ended = self.finished_at
-            late = [i for i, s in enumerate(status) if s is not None and ended[i] > cut_at]
-            generated = list(generated)
-            for i in late:
-                status[i], generated[i] = None, 0
+            for i, s in enumerate(status):
+                if s is not None and ended[i] > cut_at:
+                    status[i] = None
             columns = {name: np.where(np.frombuffer(values) > cut_at, NAN, values)
                        for name, values in columns.items()}
         if None in status:
@@ -86,12 +82,15 @@ class Ledger:
                         raise RuntimeError(f"request {self.trace.request_id[i]} ended in no "
                                            f"state")
                     status[i] = Status.UNFINISHED
+        values = np.array([s._value_ for s in status], dtype=object)
+        outputs = self.trace.num_output_tokens
+        generated = np.where(values == Status.OK.value, outputs, 0)   # all or nothing
         return records_frame({
             "request_id": self.trace.request_id,
-            "arrival_at": self.arrival_at,
-            "num_prompt_tokens": self.prompt,
-            "num_output_tokens": self.output,
-            "status": np.array([s._value_ for s in status], dtype=object),
+            "arrival_at": self.trace.arrival_at,
+            "num_prompt_tokens": self.trace.num_prompt_tokens,
+            "num_output_tokens": outputs,
+            "status": values,
             "prefill_instance": self.prefill_instance,
             "decode_instance": self.decode_instance,
             **columns,

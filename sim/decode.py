@@ -17,9 +17,10 @@ one timer for the ``k`` iterations until the next finish, timed in closed form b
 next iteration boundary (``decode_next_boundary``): the instance commits the run up to that
 boundary and plans the next run from it at once, so a join costs no event of its own. The live
 timer is kept when the new run ends later (it re-arms when it fires) and replaced when it ends
-sooner (only the latest timer counts; a superseded one does nothing when it fires). With
-``fast_forward=False`` every iteration is its own timer: the oracle the fast path is tested
-against.
+sooner (only the latest timer counts; a superseded one does nothing when it fires). Committed
+iterations may run up to one iteration ahead of the clock; a run cut short (``until``) shows
+only what had happened by the cut (``Ledger.frame``). With ``fast_forward=False`` every
+iteration is its own timer: the oracle the fast path is tested against.
 """
 
 from __future__ import annotations

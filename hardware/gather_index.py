@@ -79,6 +79,8 @@ class TileGather:
     ``units``: where the send rows are the tiles' values as they are and contiguous, the
     face row (16 elements) of one tensor's token buffer that each face row of its send rows
     takes (``tile_units``): then one ``index_select`` of face rows replaces the strided copy.
+    ``sources``, ``send_rows``: where each page's tile rows start in the layer and which send
+    row the page fills (``tile_sources``), for the fused CPU kernel (``hardware.layout_kernel``).
     """
 
     unit_elems: int          # elements per 16-token piece (NHD: all heads; HND: one head)
@@ -86,6 +88,8 @@ class TileGather:
     runs: tuple | None
     rows: np.ndarray | None
     units: np.ndarray | None = None      # [S * 64] int32
+    sources: np.ndarray | None = None    # [2 * S, 32] int64 (``tile_sources``)
+    send_rows: np.ndarray | None = None  # [2 * S] int64
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,37 @@ def tile_units(req: RequestTransfer, page_order=None) -> np.ndarray:
     return (row * per_row + column).reshape(-1).astype(np.int32)
 
 
+def tile_sources(req: RequestTransfer, page_order=None) -> tuple[np.ndarray, np.ndarray]:
+    """Where each page's tile rows start in a layer, for the fused kernel: ``(sources,
+    send_rows)``. ``sources`` ``[2 * S, 32]`` int64: element offsets into the layer (flattened)
+    of the 32 tile rows of each of K's pages, then V's, in page order, ``-1`` for tile rows past
+    the request (padding, read as zeros); tile row ``r`` is columns ``32 tc .. 32 tc + 31`` of
+    one token's head row (head size a multiple of 32). ``send_rows`` ``[2 * S]`` int64: the send
+    row of each page, for ``page_order`` (send row -> page; default: as they come). Walking pages
+    in order reads each TT block's tokens while they are in cache."""
+    g, tt = req.gpu, req.tt
+    s = req.pages_per_tensor
+    tiles_w = g.head_size // TILE
+    block, local = np.divmod(np.arange(s), tt.pages_per_block)          # [S] in page order
+    h, rest = np.divmod(local, (tt.block_size // TILE) * tiles_w)
+    tr, tc = np.divmod(rest, tiles_w)
+    token = (block * tt.block_size + tr * TILE)[:, None] + np.arange(TILE)    # [S, 32]
+    pad = token >= req.num_tokens
+    token = np.where(pad, 0, token)
+    gblock = np.arange(2)[:, None, None] * g.num_blocks + req.block_table[token // g.block_size]
+    offset, h = token % g.block_size, h[:, None]                        # gblock: [2, S, 32]
+    if g.order == "NHD":                                                # [2, n, bs, H, D]
+        row = (gblock * g.block_size + offset) * g.num_kv_heads + h
+    else:                                                               # [2, n, H, bs, D]
+        row = (gblock * g.num_kv_heads + h) * g.block_size + offset
+    elem = row * g.head_size + (tc * TILE)[:, None]
+    pos = np.arange(s)
+    if page_order is not None:
+        pos[np.asarray(page_order)] = np.arange(s)
+    send_rows = np.concatenate([pos, s + pos]).astype(np.int64)
+    return np.where(pad, -1, elem).reshape(-1, TILE).astype(np.int64), send_rows
+
+
 def prepare(req: RequestTransfer, kind: str = "hawk") -> GatherIndex:
     """The gather for ``hawk`` (pages regrouped by bank) or ``per_page`` (pages as they come)."""
     if kind not in ("hawk", "per_page"):
@@ -167,7 +202,8 @@ def prepare(req: RequestTransfer, kind: str = "hawk") -> GatherIndex:
     order = hawk_segments(req)[0] if kind == "hawk" else None
     stride = req.page_stride if kind == "hawk" else req.tt.page_bytes
     if req.gpu.head_size % TILE == 0:
-        tg = tile_gather(req, order)
+        sources, send_rows = tile_sources(req, order)
+        tg = dataclasses.replace(tile_gather(req, order), sources=sources, send_rows=send_rows)
         if req.tt.dtype == req.gpu.dtype and stride == req.tt.page_bytes:    # values as they are
             tg = dataclasses.replace(tg, units=tile_units(req, order))
         return GatherIndex(stride, req.tt.page_bytes, tg, None)

@@ -23,6 +23,11 @@ reordered with one ``index_select``. The gather index (``prepare``, built once p
 lives in ``hardware.gather_index``; packing (tile formats, the short block-float recipe and
 its integer fallback) in ``hardware.tile_torch``.
 ``_transform_stepwise`` is the paper's steps one by one.
+
+On the CPU the fused C++ kernel of ``hardware.layout_kernel`` (built on first use) replaces all
+of the above where it applies: it reads each send row's tile rows straight from the layer
+(``TileGather.sources``) and writes the packed row once, byte for byte the same. Where it
+cannot be built, or with ``HAWK_TRANSFORM_KERNEL=0``, the eager torch path runs.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from hardware import layout_kernel
 from hardware.gather_index import GatherIndex, TileGather, UnitGather, prepare
 from hardware.kv_layout import GpuKVSpec
 from hardware.plans import RequestTransfer
@@ -231,7 +237,34 @@ def _unit_layers(layers, req: RequestTransfer, ug: UnitGather, view: torch.Tenso
             view[i, :, :tt.page_bytes] = pack_tiles(units.view(pages, TILE_ELEMS), tt.dtype)
 
 
-def _transform(layers, req: RequestTransfer, gather: GatherIndex, out=None) -> torch.Tensor:
+def uses_kernel(layers, req: RequestTransfer, gather: GatherIndex, kernel=None) -> bool:
+    """Whether the transformation runs the fused CPU kernel (``kernel``: None picks it where
+    it applies and builds, False never, True requires it and raises where it cannot run)."""
+    if kernel is False:
+        return False
+    fits = layout_kernel.applies(layers[0], req.tt.dtype, gather)
+    if kernel is None:
+        return fits and layout_kernel.available()
+    if not fits:
+        raise ValueError(f"the fused kernel does not pack {req.tt.dtype} from a "
+                         f"{layers[0].dtype} cache on {layers[0].device} with this gather")
+    if not layout_kernel.available():
+        raise RuntimeError(f"the fused kernel could not be built (or {layout_kernel.ENV_VAR}"
+                           f"=0); see the debug log of hardware.layout_kernel")
+    return True
+
+
+def _kernel_layers(layers, req: RequestTransfer, tg: TileGather, view: torch.Tensor) -> None:
+    """Per layer: one call of the fused kernel fills its K and V send rows."""
+    sources = torch.from_numpy(tg.sources)                              # [2 * S, 32] int64
+    send_rows = torch.from_numpy(tg.send_rows)                          # [2 * S] int64
+    for i, layer in enumerate(layers):
+        layout_kernel.pack_layer(layer, sources, send_rows, view[i, :, :req.tt.page_bytes],
+                                 req.tt.dtype)
+
+
+def _transform(layers, req: RequestTransfer, gather: GatherIndex, out=None,
+               kernel=None) -> torch.Tensor:
     """Fill the send buffer: every layer's K and V in tile order and send order, packed."""
     _check_layers(layers, req.gpu)
     device, tt = layers[0].device, req.tt
@@ -246,7 +279,9 @@ def _transform(layers, req: RequestTransfer, gather: GatherIndex, out=None) -> t
     if stride > tt.page_bytes:
         view[:, :, tt.page_bytes:] = 0
     layers = [layer.contiguous() for layer in layers]
-    if gather.tiles is not None:
+    if uses_kernel(layers, req, gather, kernel):
+        _kernel_layers(layers, req, gather.tiles, view)
+    elif gather.tiles is not None:
         _tile_layers(layers, req, gather.tiles, view)
     else:
         _unit_layers(layers, req, gather.units, view)
@@ -271,19 +306,21 @@ def _transform_stepwise(layers, req: RequestTransfer, page_order, stride: int) -
 
 
 def hawk_transform(layers: Sequence[torch.Tensor], req: RequestTransfer, out=None,
-                   gather: GatherIndex | None = None) -> torch.Tensor:
+                   gather: GatherIndex | None = None, kernel: bool | None = None) -> torch.Tensor:
     """The send buffer (uint8, on the layers' device) that ``hawk_plan(req)`` reads from.
 
     ``out``: a preallocated send buffer to fill (e.g. a slice of a registered RDMA region);
-    ``gather``: ``prepare(req)``, to reuse it across calls.
+    ``gather``: ``prepare(req)``, to reuse it across calls; ``kernel``: the fused CPU kernel
+    where it applies and builds (None), never (False) or always (True; raises where it can't).
     """
-    return _transform(layers, req, gather or prepare(req, "hawk"), out)
+    return _transform(layers, req, gather or prepare(req, "hawk"), out, kernel)
 
 
 def page_order_transform(layers: Sequence[torch.Tensor], req: RequestTransfer, out=None,
-                         gather: GatherIndex | None = None) -> torch.Tensor:
+                         gather: GatherIndex | None = None,
+                         kernel: bool | None = None) -> torch.Tensor:
     """Step 1 only (tilize and pack): the send buffer that ``per_page_plan(req)`` reads from."""
-    return _transform(layers, req, gather or prepare(req, "per_page"), out)
+    return _transform(layers, req, gather or prepare(req, "per_page"), out, kernel)
 
 
 def gather_tokens(layers: Sequence[torch.Tensor], req: RequestTransfer) -> torch.Tensor:

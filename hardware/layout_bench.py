@@ -81,26 +81,37 @@ def throughput(tokens: int, tp: int, dram: str, dtype: str, num_layers: int, dev
 
     The baseline copies the request's GPU KV bytes (what the transformation reads: its blocks
     of every timed layer, K and V) once from one buffer to another with ``Tensor.copy_``.
+    ``path`` says what ran: the fused C++ kernel (built before timing starts) or eager torch;
+    with the kernel, the eager path is timed too (``eager_s``, ``eager_ratio``).
     """
     import torch
-    from hardware import transform
+    from hardware import layout_kernel, transform
     req = make_transfer(tokens, tp, dram, dtype, num_layers)
     layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(0), device=device)
     gather = transform.prepare(req, "hawk")
+    kernel = transform.uses_kernel(layers, req, gather)                 # builds it, untimed
     out = transform.hawk_transform(layers, req, gather=gather)
     nbytes = req.num_tensors * req.block_table.size * req.gpu.block_bytes   # bytes read
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     prepare_s = _timed({"prepare": lambda: transform.prepare(req, "hawk")}, "cpu",
                        repeats)["prepare"]
-    t = _timed({"copy": lambda: dst.copy_(src),
-                "transform": lambda: transform.hawk_transform(layers, req, out=out,
-                                                              gather=gather)},
-               device, repeats)
-    return dict(dtype=dtype, layers=num_layers, bytes_in=nbytes, bytes_out=out.numel(),
-                prepare_s=prepare_s, transform_s=t["transform"], copy_s=t["copy"],
-                transform_gbps=nbytes / t["transform"] / 1e9, copy_gbps=nbytes / t["copy"] / 1e9,
-                ratio=t["copy"] / t["transform"])
+    fns = {"copy": lambda: dst.copy_(src),
+           "transform": lambda: transform.hawk_transform(layers, req, out=out, gather=gather,
+                                                         kernel=kernel)}
+    if kernel:
+        fns["eager"] = lambda: transform.hawk_transform(layers, req, out=out, gather=gather,
+                                                        kernel=False)
+    t = _timed(fns, device, repeats)
+    row = dict(dtype=dtype, layers=num_layers, bytes_in=nbytes, bytes_out=out.numel(),
+               path="fused C++ kernel" if kernel else "eager torch",
+               prepare_s=prepare_s, transform_s=t["transform"], copy_s=t["copy"],
+               transform_gbps=nbytes / t["transform"] / 1e9, copy_gbps=nbytes / t["copy"] / 1e9,
+               ratio=t["copy"] / t["transform"])
+    if kernel:
+        row.update(build_s=layout_kernel.build_seconds(), eager_s=t["eager"],
+                   eager_ratio=t["copy"] / t["eager"])
+    return row
 
 
 def run(tokens: int = 4096, device: str = "cpu", repeats: int = 5, tp: int = 4,
@@ -136,7 +147,11 @@ def format_table(result: dict) -> str:
     for t in result["throughput"]:
         lines.append(f"  {t['dtype']:10s} {t['layers']} layers {t['bytes_in'] / 2**20:7.1f} MiB: "
                      f"transform {t['transform_gbps']:6.2f} GB/s, copy {t['copy_gbps']:6.2f} "
-                     f"GB/s, ratio {t['ratio']:.3f} (index build {t['prepare_s'] * 1e3:.1f} ms)")
+                     f"GB/s, ratio {t['ratio']:.3f} ({t['path']}; index build "
+                     f"{t['prepare_s'] * 1e3:.1f} ms)")
+        if "eager_ratio" in t:
+            lines.append(f"  {'':10s} eager torch path: ratio {t['eager_ratio']:.3f} (kernel "
+                         f"built or loaded in {t['build_s']:.1f} s, not timed)")
     return "\n".join(lines)
 
 

@@ -1,0 +1,170 @@
+"""The fused CPU kernel of the HAWK transformation: byte for byte the eager torch path."""
+
+import functools
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from hardware import layout_bench, layout_kernel, transform
+from hardware.plans import hawk_segments
+from test_layout_transform import make_transfer, numpy_send_buffer
+
+DTYPES = ["bfloat16", "bfloat8_b", "bfloat4_b", "float32"]
+CACHE_DTYPES = {"bfloat16": ["bfloat16"], "float32": ["float32"],
+                "bfloat8_b": ["bfloat16", "float16", "float32"],
+                "bfloat4_b": ["bfloat16", "float16", "float32"]}
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """Build the kernel once per session (seconds; a cached build loads at once), or skip."""
+    if not layout_kernel.enabled():
+        pytest.skip(f"{layout_kernel.ENV_VAR}=0 turns the fused kernel off")
+    if not layout_kernel.available():
+        pytest.skip("the fused kernel could not be built here (compiler, ninja or build "
+                    "error; see the debug log of hardware.layout_kernel)")
+
+
+def special_layers(req, rng, nan=True):
+    """Random layers with zeros, signed zeros, denormals, large values, inf and NaN mixed in,
+    over a wide range of group scales."""
+    dtype = transform.TORCH_DTYPES[req.gpu.dtype]
+    info = torch.finfo(dtype)
+    layers = []
+    for _ in range(req.gpu.num_layers):
+        shape = req.gpu.physical_shape
+        x = rng.standard_normal(shape) * np.exp2(rng.integers(-30, 30, shape[:-1] + (1,)))
+        pick = rng.random(shape)
+        x[pick < 0.05] = 0.0
+        x[(pick >= 0.05) & (pick < 0.07)] = -0.0
+        tiny = (pick >= 0.07) & (pick < 0.10)
+        x[tiny] = rng.standard_normal(tiny.sum()) * info.smallest_normal * 0.3   # denormals
+        x[(pick >= 0.10) & (pick < 0.11)] = info.max * rng.choice([-1, 1])
+        x[(pick >= 0.11) & (pick < 0.112)] = np.inf * rng.choice([-1, 1])
+        x[(pick >= 0.112) & (pick < 0.113)] = np.nan if nan else 1.0
+        layers.append(torch.from_numpy(x).to(dtype))
+    return layers
+
+
+def random_bit_layers(req, rng):
+    """Layers of uniformly random bit patterns: every value class of the cache dtype."""
+    dtype = transform.TORCH_DTYPES[req.gpu.dtype]
+    bits = {2: (np.uint16, torch.int16), 4: (np.uint32, torch.int32)}[torch.finfo(dtype).bits // 8]
+    return [torch.from_numpy(rng.integers(0, np.iinfo(bits[0]).max, req.gpu.physical_shape,
+                                          dtype=bits[0], endpoint=True).view(bits[0]))
+            .view(bits[1]).view(dtype) for _ in range(req.gpu.num_layers)]
+
+
+def random_transfer(rng, dtype):
+    return make_transfer(rng, int(rng.integers(1, 230)), int(rng.integers(1, 4)),
+                         int(rng.choice([32, 64, 128])), int(rng.choice([16, 32, 48])),
+                         str(rng.choice(["NHD", "HND"])), int(rng.choice([32, 64])), dtype,
+                         int(rng.integers(1, 13)), alignment=int(rng.choice([32, 64, 128])),
+                         gpu_dtype=str(rng.choice(CACHE_DTYPES[dtype])))
+
+
+def both_paths(layers, req, kind):
+    gather = transform.prepare(req, kind)
+    make = transform.hawk_transform if kind == "hawk" else transform.page_order_transform
+    assert transform.uses_kernel(layers, req, gather)
+    fused = make(layers, req, gather=gather, kernel=True)
+    eager = make(layers, req, gather=gather, kernel=False)
+    return fused, eager, gather
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_equals_eager(kernel, dtype, seed):
+    # token counts not multiples of 32, both orders, 1..12 banks, both plan kinds, specials
+    rng = np.random.default_rng([seed, DTYPES.index(dtype)])
+    for _ in range(4):
+        req = random_transfer(rng, dtype)
+        layers = special_layers(req, rng)
+        for kind in ("hawk", "per_page"):
+            fused, eager, _ = both_paths(layers, req, kind)
+            assert torch.equal(fused, eager), (kind, req.gpu, req.tt, req.num_tokens)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_equals_eager_on_any_bit_pattern(kernel, dtype):
+    rng = np.random.default_rng(DTYPES.index(dtype))
+    for _ in range(6):
+        req = random_transfer(rng, dtype)
+        fused, eager, _ = both_paths(random_bit_layers(req, rng), req, "hawk")
+        assert torch.equal(fused, eager), (req.gpu, req.tt, req.num_tokens)
+
+
+@pytest.mark.parametrize("banks", range(1, 13))
+@pytest.mark.parametrize("order", ["NHD", "HND"])
+def test_kernel_gives_the_numpy_bytes(kernel, banks, order):
+    # no NaN: bfloat16 sent as it is keeps a NaN's bits, where numpy's packing writes 0x7FC0
+    rng = np.random.default_rng(banks)
+    for dtype in ("bfloat16", "bfloat8_b", "bfloat4_b"):
+        req = make_transfer(rng, 77 + 30 * banks, 2, 64, 16, order, 32, dtype, banks)
+        layers = special_layers(req, rng, nan=False)
+        fused, eager, gather = both_paths(layers, req, "hawk")
+        want = numpy_send_buffer(layers, req, hawk_segments(req)[0], gather.stride)
+        assert np.array_equal(fused.numpy(), want) and torch.equal(fused, eager)
+
+
+def test_kernel_fills_a_given_send_buffer(kernel):
+    req = make_transfer(np.random.default_rng(4), 90, 2, 64, 16, "NHD", 32, "bfloat8_b", 7,
+                        alignment=128)                      # page stride > page bytes
+    layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(4))
+    out = torch.full((transform.prepare(req).stride * 2 * req.pages_per_tensor * 2,), 7,
+                     dtype=torch.uint8)
+    assert transform.hawk_transform(layers, req, out=out, kernel=True) is out
+    assert torch.equal(out, transform.hawk_transform(layers, req, kernel=False))
+
+
+def test_kernel_is_used_only_where_it_applies(kernel, monkeypatch):
+    rng = np.random.default_rng(9)
+    req = make_transfer(rng, 50, 2, 64, 16, "NHD", 32, "bfloat8_b", 8)
+    layers = transform.make_gpu_cache(req.gpu)
+    gather = transform.prepare(req)
+    assert transform.uses_kernel(layers, req, gather)
+    assert not transform.uses_kernel(layers, req, gather, kernel=False)
+    narrowing = make_transfer(rng, 50, 2, 64, 16, "NHD", 32, "bfloat16", 8, gpu_dtype="float16")
+    odd_head = make_transfer(rng, 50, 2, 48, 16, "NHD", 32, "bfloat8_b", 8)
+    for r in (narrowing, odd_head):                          # eager: float16 -> bfloat16
+        layers = transform.make_gpu_cache(r.gpu)             # rounding; unit gather
+        assert not transform.uses_kernel(layers, r, transform.prepare(r))
+        with pytest.raises(ValueError, match="does not pack"):
+            transform.hawk_transform(layers, r, kernel=True)
+    monkeypatch.setenv(layout_kernel.ENV_VAR, "0")
+    layers = transform.make_gpu_cache(req.gpu)
+    assert not transform.uses_kernel(layers, req, gather)
+    with pytest.raises(RuntimeError, match="could not be built"):
+        transform.hawk_transform(layers, req, kernel=True)
+
+
+def test_failed_build_falls_back_to_eager(monkeypatch, caplog):
+    from torch.utils import cpp_extension
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.delenv(layout_kernel.ENV_VAR, raising=False)
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    monkeypatch.setattr(layout_kernel, "_build", functools.cache(layout_kernel._build.__wrapped__))
+    req = make_transfer(np.random.default_rng(3), 40, 1, 64, 16, "HND", 32, "bfloat8_b", 5)
+    layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(3))
+    with caplog.at_level(logging.DEBUG, logger="hardware.layout_kernel"):
+        assert not layout_kernel.available()
+        out = transform.hawk_transform(layers, req)
+    assert "no compiler here" in caplog.text
+    assert torch.equal(out, transform.hawk_transform(layers, req, kernel=False))
+
+
+def test_benchmark_names_the_path_and_both_ratios():
+    result = layout_bench.run(tokens=128, repeats=1, bench_layers=1, tp=8, dram="wormhole")
+    text = layout_bench.format_table(result)
+    for t in result["throughput"]:
+        kernel = t["path"] == "fused C++ kernel"
+        assert kernel == layout_kernel.available()
+        assert ("eager_ratio" in t) == kernel
+        if kernel:
+            assert t["eager_ratio"] == pytest.approx(t["copy_s"] / t["eager_s"])
+    assert ("eager torch path: ratio" in text) == layout_kernel.available()

@@ -117,6 +117,14 @@ def test_kernel_fills_a_given_send_buffer(kernel):
                      dtype=torch.uint8)
     assert transform.hawk_transform(layers, req, out=out, kernel=True) is out
     assert torch.equal(out, transform.hawk_transform(layers, req, kernel=False))
+    for dtype in ("bfloat16", "float32"):                   # a send buffer at an odd address
+        req = make_transfer(np.random.default_rng(5), 90, 2, 64, 16, "HND", 32, dtype, 5,
+                            gpu_dtype=dtype)
+        layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(5))
+        want = transform.hawk_transform(layers, req, kernel=False)
+        region = torch.zeros(want.numel() + 1, dtype=torch.uint8)
+        transform.hawk_transform(layers, req, out=region[1:], kernel=True)
+        assert torch.equal(region[1:], want)
 
 
 def test_kernel_is_used_only_where_it_applies(kernel, monkeypatch):

@@ -19,6 +19,10 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -26,6 +30,7 @@
 namespace {
 
 constexpr int TILE = 32, FACE = 16, GROUPS = 64;
+constexpr int64_t AHEAD = 16;       // pages prefetched ahead (two TT blocks of 8 pages)
 
 // float32 bit pattern of a source element (bfloat16 and float16 widen exactly).
 inline uint32_t f32_bits(uint16_t bf16) { return uint32_t(bf16) << 16; }
@@ -80,10 +85,26 @@ void pack_tile(const T* layer, const int64_t* rows, uint8_t* page) {
   }
 }
 
-// One tile with the values as they are (ESIZE bytes an element): two face rows per tile row.
-template <int ESIZE>
-void copy_tile(const uint8_t* layer, const int64_t* rows, uint8_t* page) {
-  constexpr int face_row = FACE * ESIZE;
+// Copy one face row (16 elements, 32 or 64 bytes). STREAM: with non-temporal stores, which
+// skip reading the destination's cache lines first (``to`` must be 32-byte aligned).
+template <int BYTES, bool STREAM>
+inline void copy_face_row(uint8_t* to, const uint8_t* from) {
+#if defined(__AVX__)
+  if constexpr (STREAM) {
+    for (int i = 0; i < BYTES; i += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(to + i),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + i)));
+    return;
+  }
+#endif
+  std::memcpy(to, from, BYTES);
+}
+
+// One tile with the values as they are (T: an unsigned integer of the element's size): two
+// face rows per tile row.
+template <typename T, bool STREAM>
+void copy_tile(const T* layer, const int64_t* rows, uint8_t* page) {
+  constexpr int ESIZE = sizeof(T), face_row = FACE * ESIZE;
   for (int r = 0; r < TILE; ++r) {
     uint8_t* lo = page + ((r / FACE) * 2 * FACE * FACE + (r % FACE) * FACE) * ESIZE;
     uint8_t* hi = lo + FACE * FACE * ESIZE;      // the face to the right
@@ -91,17 +112,31 @@ void copy_tile(const uint8_t* layer, const int64_t* rows, uint8_t* page) {
       std::memset(lo, 0, face_row);
       std::memset(hi, 0, face_row);
     } else {
-      const uint8_t* x = layer + rows[r] * ESIZE;
-      std::memcpy(lo, x, face_row);
-      std::memcpy(hi, x + face_row, face_row);
+      const auto* x = reinterpret_cast<const uint8_t*>(layer + rows[r]);
+      copy_face_row<face_row, STREAM>(lo, x);
+      copy_face_row<face_row, STREAM>(hi, x + face_row);
     }
   }
 }
 
+// Visit the pages in order, asking for the tile rows of the page AHEAD pages on while this
+// one is built: the rows of a TT block are scattered over GPU blocks, so the hardware
+// prefetcher alone leaves the loads waiting on memory.
 template <typename T, typename Tile>
 void each_page(const T* layer, const int64_t* rows, const int64_t* send_rows, uint8_t* out,
                int64_t n, int64_t stride, Tile tile) {
-  for (int64_t p = 0; p < n; ++p) tile(layer, rows + p * TILE, out + send_rows[p] * stride);
+  for (int64_t p = 0; p < n; ++p) {
+    if (p + AHEAD < n) {
+      const int64_t* next = rows + (p + AHEAD) * TILE;
+      for (int r = 0; r < TILE; ++r) {
+        if (next[r] >= 0) {               // a tile row: 32 elements, 64 or 128 bytes
+          __builtin_prefetch(layer + next[r]);
+          __builtin_prefetch(layer + next[r] + TILE - 1);
+        }
+      }
+    }
+    tile(layer, rows + p * TILE, out + send_rows[p] * stride);
+  }
 }
 
 template <typename T>
@@ -143,9 +178,18 @@ void pack_layer(const at::Tensor& layer, const at::Tensor& sources,
   const void* src = layer.data_ptr();
   if (mag_bits == 0) {
     TORCH_CHECK(esize == 2 || esize == 4, "values of ", esize, " bytes");
-    const auto* bytes = static_cast<const uint8_t*>(src);
-    if (esize == 2) each_page(bytes, rows, dest, dst, n, stride, [](auto... a) { copy_tile<2>(a...); });
-    else each_page(bytes, rows, dest, dst, n, stride, [](auto... a) { copy_tile<4>(a...); });
+    const auto* u16 = static_cast<const uint16_t*>(src);
+    const auto* u32 = static_cast<const uint32_t*>(src);
+#if defined(__AVX__)
+    if (reinterpret_cast<uintptr_t>(dst) % 32 == 0 && stride % 32 == 0) {   // streamed
+      if (esize == 2) each_page(u16, rows, dest, dst, n, stride, copy_tile<uint16_t, true>);
+      else each_page(u32, rows, dest, dst, n, stride, copy_tile<uint32_t, true>);
+      _mm_sfence();                          // the streamed stores, visible before returning
+      return;
+    }
+#endif
+    if (esize == 2) each_page(u16, rows, dest, dst, n, stride, copy_tile<uint16_t, false>);
+    else each_page(u32, rows, dest, dst, n, stride, copy_tile<uint32_t, false>);
     return;
   }
   switch (layer.scalar_type()) {

@@ -65,9 +65,9 @@ inline uint8_t encode_group(const T* x, uint8_t* codes) {
   return uint8_t(shared);
 }
 
-// One tile of block floats into ``page`` (64 exponent bytes, then the codes).
+// One tile of block floats into ``page`` (64 exponent bytes, then the codes), portable.
 template <int MAG, typename T>
-void pack_tile(const T* layer, const int64_t* rows, uint8_t* page) {
+void pack_tile_scalar(const T* layer, const int64_t* rows, uint8_t* page) {
   static const T zeros[TILE] = {};
   uint8_t codes[FACE];
   for (int r = 0; r < TILE; ++r) {
@@ -83,6 +83,196 @@ void pack_tile(const T* layer, const int64_t* rows, uint8_t* page) {
       }
     }
   }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define HAWK_AVX512 1
+// The same recipe with one group in one __m512i: 16 lanes of float32 bits.
+inline __m512i group_bits(const uint16_t* x) {            // bfloat16: the high half of fp32
+  return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)x)), 16);
+}
+inline __m512i group_bits(const c10::Half* x) {           // float16: widened exactly
+  return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)x)));
+}
+inline __m512i group_bits(const uint32_t* x) { return _mm512_loadu_si512(x); }
+
+// 16 values -> 16 codes, one per lane, and the shared exponent E in every lane of ``*shared``.
+// Branch-free: the lane maximum by four butterfly steps leaves E in every lane, so E - exp is
+// one subtraction; srlv gives 0 for shifts of 32 or more, as the recipe asks.
+template <int MAG>
+inline __m512i encode_lanes(__m512i v, __m512i* shared) {
+  constexpr int drop = 24 - MAG;
+  const __m512i exp = _mm512_and_si512(_mm512_srli_epi32(v, 23), _mm512_set1_epi32(0xFF));
+  __m512i e = _mm512_max_epu32(exp, _mm512_shuffle_i32x4(exp, exp, _MM_SHUFFLE(1, 0, 3, 2)));
+  e = _mm512_max_epu32(e, _mm512_shuffle_i32x4(e, e, _MM_SHUFFLE(2, 3, 0, 1)));
+  e = _mm512_max_epu32(e, _mm512_shuffle_epi32(e, _MM_PERM_BADC));
+  e = _mm512_max_epu32(e, _mm512_shuffle_epi32(e, _MM_PERM_CDAB));
+  *shared = e;
+  // 24-bit significand with the hidden bit; zero for exponent 0 (zeros and denormals)
+  const __m512i mant = _mm512_maskz_or_epi32(_mm512_test_epi32_mask(exp, exp),
+                                             _mm512_and_si512(v, _mm512_set1_epi32(0x7FFFFF)),
+                                             _mm512_set1_epi32(0x800000));
+  const __m512i aligned = _mm512_srlv_epi32(mant, _mm512_sub_epi32(e, exp));
+  // half to even: add half - 1, plus 1 when the kept part is odd, then drop
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(aligned, drop), _mm512_set1_epi32(1));
+  __m512i q = _mm512_add_epi32(_mm512_add_epi32(aligned, _mm512_set1_epi32((1 << (drop - 1)) - 1)),
+                               odd);
+  q = _mm512_min_epu32(_mm512_srli_epi32(q, drop), _mm512_set1_epi32((1 << MAG) - 1));
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(v, 31 - MAG),
+                                        _mm512_set1_epi32(1 << MAG));
+  return _mm512_mask_or_epi32(q, _mm512_test_epi32_mask(q, q), q, sign);   // 0 stays 0
+}
+
+// Four vectors of 16 values 0..255 in 32-bit lanes -> 64 bytes. The packs work within 128-bit
+// lanes: dword 4L + k holds a, b, c, d's (k = 0..3) values 4L .. 4L + 3.
+inline __m512i pack4(__m512i a, __m512i b, __m512i c, __m512i d) {
+  return _mm512_packus_epi16(_mm512_packus_epi32(a, b), _mm512_packus_epi32(c, d));
+}
+
+// The same, in order: a[0..15], b[0..15], c, d.
+inline __m512i bytes4(__m512i a, __m512i b, __m512i c, __m512i d) {
+  const __m512i x = pack4(a, b, c, d);
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_epi32(idx, x);
+}
+
+template <bool STREAM>
+inline void store_line(uint8_t* to, __m512i line) {
+  if constexpr (STREAM) _mm512_stream_si512(reinterpret_cast<__m512i*>(to), line);
+  else _mm512_storeu_si512(to, line);
+}
+
+// One tile into ``page``, each 64-byte line written once (STREAM: non-temporal stores, which
+// skip reading the far-apart send rows' lines first; ``page`` 64-byte aligned). Tile rows
+// r .. r + ROWS - 1 of one half (faces 2h, 2h + 1) make one line of codes in each face:
+// bfloat8_b 4 groups of 16 bytes, bfloat4_b 8 groups of 8 bytes. The shared exponents are
+// kept in one lane per face row and written last, as the page's first line.
+template <int MAG, bool STREAM, typename T>
+void pack_tile_vector(const T* layer, const int64_t* rows, uint8_t* page) {
+  constexpr int ROWS = MAG == 7 ? 4 : 8, GROUP_BYTES = FACE * (MAG + 1) / 8;
+  static const T zeros[TILE] = {};
+  __m512i exps[4];                                 // per face: lane i holds face row i's E
+  for (int h = 0; h < 2; ++h) {
+    __m512i lo_e = _mm512_setzero_si512(), hi_e = lo_e;
+    for (int r0 = 0; r0 < FACE; r0 += ROWS) {
+      __m512i lo[ROWS], hi[ROWS], e;
+      for (int i = 0; i < ROWS; ++i) {
+        const int64_t src = rows[h * FACE + r0 + i];
+        const T* x = src < 0 ? zeros : layer + src;
+        const __mmask16 lane = __mmask16(1u << (r0 + i));
+        lo[i] = encode_lanes<MAG>(group_bits(x), &e);
+        lo_e = _mm512_mask_mov_epi32(lo_e, lane, e);
+        hi[i] = encode_lanes<MAG>(group_bits(x + FACE), &e);
+        hi_e = _mm512_mask_mov_epi32(hi_e, lane, e);
+      }
+      for (int fc = 0; fc < 2; ++fc) {
+        const __m512i* c = fc ? hi : lo;
+        __m512i line = bytes4(c[0], c[1], c[2], c[3]);
+        if constexpr (MAG == 3) {  // bytes (2m, 2m + 1) -> 2m in the low nibble, 2m + 1 high
+          const __m512i more = bytes4(c[4], c[5], c[6], c[7]);
+          const __m512i lo8 = _mm512_set1_epi16(0xFF);
+          const __m512i a = _mm512_and_si512(_mm512_or_si512(line, _mm512_srli_epi16(line, 4)), lo8);
+          const __m512i b = _mm512_and_si512(_mm512_or_si512(more, _mm512_srli_epi16(more, 4)), lo8);
+          line = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                          _mm512_packus_epi16(a, b));
+        }
+        const int g = (2 * h + fc) * FACE + r0;
+        store_line<STREAM>(page + GROUPS + g * GROUP_BYTES, line);
+      }
+    }
+    exps[2 * h] = lo_e;
+    exps[2 * h + 1] = hi_e;
+  }
+  store_line<STREAM>(page, bytes4(exps[0], exps[1], exps[2], exps[3]));
+}
+// bfloat16 sources: one tile row, 32 values, in the 16-bit lanes of one __m512i, its two
+// groups in the two 256-bit halves. A bfloat16's significand with the hidden bit is 8 bits;
+// put at the top of a 16-bit lane (Y = 1.mmmmmmm << 8), Y >> (E - exp) keeps all its bits
+// whenever the code can be non-zero (E - exp <= 7) and is below half otherwise, so rounding
+// from 16 bits (dropping 16 - MAG) gives the 24-bit recipe's codes. The sum before the drop
+// saturates at 0xFFFF only where the code saturates anyway.
+template <int MAG>
+inline __m512i encode_row(__m512i x, __m512i* shared) {
+  constexpr int drop = 16 - MAG;
+  const __m512i exp = _mm512_and_si512(_mm512_srli_epi16(x, 7), _mm512_set1_epi16(0xFF));
+  __m512i e = _mm512_max_epu16(exp, _mm512_shuffle_i64x2(exp, exp, _MM_SHUFFLE(2, 3, 0, 1)));
+  e = _mm512_max_epu16(e, _mm512_shuffle_epi32(e, _MM_PERM_BADC));
+  e = _mm512_max_epu16(e, _mm512_shuffle_epi32(e, _MM_PERM_CDAB));
+  e = _mm512_max_epu16(e, _mm512_rol_epi32(e, 16));      // E in all 16 lanes of each half
+  *shared = e;
+  const __m512i y = _mm512_or_si512(_mm512_slli_epi16(x, 8), _mm512_set1_epi16(0x8000));
+  const __m512i aligned = _mm512_maskz_srlv_epi16(_mm512_test_epi16_mask(exp, exp), y,
+                                                  _mm512_sub_epi16(e, exp));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(aligned, drop), _mm512_set1_epi16(1));
+  const __m512i up = _mm512_add_epi16(odd, _mm512_set1_epi16((1 << (drop - 1)) - 1));
+  const __m512i q = _mm512_min_epu16(_mm512_srli_epi16(_mm512_adds_epu16(aligned, up), drop),
+                                     _mm512_set1_epi16((1 << MAG) - 1));
+  // q | sign << MAG (ternary logic A | (B & C)), then 0 where q is 0
+  const __m512i code = _mm512_ternarylogic_epi32(q, _mm512_srli_epi16(x, 15 - MAG),
+                                                 _mm512_set1_epi16(1 << MAG), 0xF8);
+  return _mm512_maskz_mov_epi16(_mm512_test_epi16_mask(q, q), code);
+}
+
+// One bfloat16 tile into ``page``, as pack_tile_vector: 8 tile rows per step give two lines
+// of codes per face (bfloat8_b) or one (bfloat4_b).
+template <int MAG, bool STREAM>
+void pack_tile_vector(const uint16_t* layer, const int64_t* rows, uint8_t* page) {
+  constexpr int GROUP_BYTES = FACE * (MAG + 1) / 8;
+  static const uint16_t zeros[TILE] = {};
+  const __m512i nibbles = _mm512_set1_epi32(0xFF);
+  __m512i exps[2];                      // per half: lane i face 2h row i, 16 + i face 2h + 1
+  for (int h = 0; h < 2; ++h) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int r0 = 0; r0 < FACE; r0 += 8) {
+      __m512i c[8], e;
+      for (int i = 0; i < 8; ++i) {
+        const int64_t src = rows[h * FACE + r0 + i];
+        c[i] = encode_row<MAG>(_mm512_loadu_si512(src < 0 ? zeros : layer + src), &e);
+        acc = _mm512_mask_mov_epi16(acc, __mmask32(0x10001u << (r0 + i)), e);
+        if constexpr (MAG == 3)     // 16-bit codes (2m, 2m + 1) -> one byte in a 32-bit lane
+          c[i] = _mm512_ternarylogic_epi32(c[i], _mm512_srli_epi32(c[i], 12), nibbles, 0xA8);
+      }
+      const int g = 2 * h * FACE + r0;                    // face 2h; face 2h + 1 is 16 on
+      if constexpr (MAG == 7) {  // qword 2L (2L + 1) of a pack: row 2k (2k + 1), chunk L
+        for (int k = 0; k < 8; k += 4) {
+          const __m512i a = _mm512_packus_epi16(c[k], c[k + 1]);
+          const __m512i b = _mm512_packus_epi16(c[k + 2], c[k + 3]);
+          const __m512i lo = _mm512_setr_epi64(0, 2, 1, 3, 8, 10, 9, 11);
+          const __m512i hi = _mm512_add_epi64(lo, _mm512_set1_epi64(4));
+          store_line<STREAM>(page + GROUPS + (g + k) * GROUP_BYTES,
+                             _mm512_permutex2var_epi64(a, lo, b));
+          store_line<STREAM>(page + GROUPS + (g + FACE + k) * GROUP_BYTES,
+                             _mm512_permutex2var_epi64(a, hi, b));
+        }
+      } else {                   // dword 4L + k of a pack: row k, bytes 4L .. 4L + 3
+        const __m512i a = pack4(c[0], c[1], c[2], c[3]), b = pack4(c[4], c[5], c[6], c[7]);
+        const __m512i lo = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7,
+                                             16, 20, 17, 21, 18, 22, 19, 23);
+        const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+        store_line<STREAM>(page + GROUPS + g * GROUP_BYTES, _mm512_permutex2var_epi32(a, lo, b));
+        store_line<STREAM>(page + GROUPS + (g + FACE) * GROUP_BYTES,
+                           _mm512_permutex2var_epi32(a, hi, b));
+      }
+    }
+    exps[h] = acc;
+  }
+  store_line<STREAM>(page, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                                    _mm512_packus_epi16(exps[0], exps[1])));
+}
+#endif
+
+// One tile of block floats into ``page``: with AVX-512 (VECTOR) line by line, streamed where
+// ``page`` is 64-byte aligned; else group by group.
+template <int MAG, bool VECTOR, typename T>
+void pack_tile(const T* layer, const int64_t* rows, uint8_t* page) {
+#if defined(HAWK_AVX512)
+  if constexpr (VECTOR) {
+    if (reinterpret_cast<uintptr_t>(page) % 64 == 0) pack_tile_vector<MAG, true>(layer, rows, page);
+    else pack_tile_vector<MAG, false>(layer, rows, page);
+    return;
+  }
+#endif
+  pack_tile_scalar<MAG>(layer, rows, page);
 }
 
 // Copy one face row (16 elements, 32 or 64 bytes). STREAM: with non-temporal stores, which
@@ -139,21 +329,26 @@ void each_page(const T* layer, const int64_t* rows, const int64_t* send_rows, ui
   }
 }
 
-template <typename T>
+template <typename T, bool VECTOR>
 void pack_all(const void* layer, const int64_t* rows, const int64_t* send_rows, uint8_t* out,
               int64_t n, int64_t stride, int64_t mag_bits) {
   const T* src = static_cast<const T*>(layer);
   if (mag_bits == 7) each_page(src, rows, send_rows, out, n, stride,
-                               [](auto... a) { pack_tile<7, T>(a...); });
+                               [](auto... a) { pack_tile<7, VECTOR, T>(a...); });
   else each_page(src, rows, send_rows, out, n, stride,
-                 [](auto... a) { pack_tile<3, T>(a...); });
+                 [](auto... a) { pack_tile<3, VECTOR, T>(a...); });
+#if defined(HAWK_AVX512)
+  if (VECTOR) _mm_sfence();                  // the streamed stores, visible before returning
+#endif
 }
 
 // layer: the GPU layer (contiguous); sources: [n, 32] int64; send_rows: [n] int64; out:
 // uint8 [rows, >= tile bytes] with contiguous rows; mag_bits: 0 (values as they are), 7
 // (bfloat8_b) or 3 (bfloat4_b).
-void pack_layer(const at::Tensor& layer, const at::Tensor& sources,
-                const at::Tensor& send_rows, const at::Tensor& out, int64_t mag_bits) {
+// vector: the AVX-512 block-float path where built with it (pack_layer), else the portable
+// one (pack_layer_portable, which tests compare against it).
+void pack(const at::Tensor& layer, const at::Tensor& sources, const at::Tensor& send_rows,
+          const at::Tensor& out, int64_t mag_bits, bool vector) {
   TORCH_CHECK(layer.is_cpu() && layer.is_contiguous(), "layer must be contiguous on the CPU");
   TORCH_CHECK(sources.scalar_type() == at::kLong && sources.is_contiguous() &&
                   sources.dim() == 2 && sources.size(1) == TILE,
@@ -192,12 +387,34 @@ void pack_layer(const at::Tensor& layer, const at::Tensor& sources,
     else each_page(u32, rows, dest, dst, n, stride, copy_tile<uint32_t, false>);
     return;
   }
+  auto blocks = vector ? pack_all<uint16_t, true> : pack_all<uint16_t, false>;
   switch (layer.scalar_type()) {
-    case at::kBFloat16: return pack_all<uint16_t>(src, rows, dest, dst, n, stride, mag_bits);
-    case at::kHalf: return pack_all<c10::Half>(src, rows, dest, dst, n, stride, mag_bits);
-    case at::kFloat: return pack_all<uint32_t>(src, rows, dest, dst, n, stride, mag_bits);
+    case at::kBFloat16: break;
+    case at::kHalf: blocks = vector ? pack_all<c10::Half, true> : pack_all<c10::Half, false>;
+      break;
+    case at::kFloat: blocks = vector ? pack_all<uint32_t, true> : pack_all<uint32_t, false>;
+      break;
     default: TORCH_CHECK(false, "block floats from ", layer.scalar_type(), " are not supported");
   }
+  blocks(src, rows, dest, dst, n, stride, mag_bits);
+}
+
+void pack_layer(const at::Tensor& layer, const at::Tensor& sources,
+                const at::Tensor& send_rows, const at::Tensor& out, int64_t mag_bits) {
+  pack(layer, sources, send_rows, out, mag_bits, true);
+}
+
+void pack_layer_portable(const at::Tensor& layer, const at::Tensor& sources,
+                         const at::Tensor& send_rows, const at::Tensor& out, int64_t mag_bits) {
+  pack(layer, sources, send_rows, out, mag_bits, false);
+}
+
+bool vectorized() {
+#if defined(HAWK_AVX512)
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace
@@ -205,6 +422,12 @@ void pack_layer(const at::Tensor& layer, const at::Tensor& sources,
 TORCH_LIBRARY(hawk_layout, m) {
   m.def("pack_layer(Tensor layer, Tensor sources, Tensor send_rows, Tensor(a!) out, "
         "int mag_bits) -> ()");
+  m.def("pack_layer_portable(Tensor layer, Tensor sources, Tensor send_rows, Tensor(a!) out, "
+        "int mag_bits) -> ()");
+  m.def("vectorized", &vectorized);          // whether block floats take the AVX-512 path
 }
 
-TORCH_LIBRARY_IMPL(hawk_layout, CPU, m) { m.impl("pack_layer", &pack_layer); }
+TORCH_LIBRARY_IMPL(hawk_layout, CPU, m) {
+  m.impl("pack_layer", &pack_layer);
+  m.impl("pack_layer_portable", &pack_layer_portable);
+}

@@ -30,7 +30,7 @@
 namespace {
 
 constexpr int TILE = 32, FACE = 16, GROUPS = 64;
-constexpr int64_t AHEAD = 16;       // pages prefetched ahead (two TT blocks of 8 pages)
+constexpr int64_t AHEAD = 16;       // pages asked for ahead (two TT blocks of 8 pages)
 
 // float32 bit pattern of a source element (bfloat16 and float16 widen exactly).
 inline uint32_t f32_bits(uint16_t bf16) { return uint32_t(bf16) << 16; }
@@ -41,6 +41,15 @@ inline uint32_t f32_bits(c10::Half h) {
   return b;
 }
 inline uint32_t f32_bits(uint32_t f32) { return f32; }
+
+// Ask for tile row r of the page ``ahead`` (32 elements: one or two 64-byte lines).
+template <typename T>
+inline void prefetch_row(const T* layer, const int64_t* ahead, int r) {
+  if (ahead && ahead[r] >= 0) {
+    __builtin_prefetch(layer + ahead[r]);
+    if (sizeof(T) * TILE > 64) __builtin_prefetch(layer + ahead[r] + TILE - 1);
+  }
+}
 
 // One group of 16 values -> its shared exponent and 16 one-byte sign-magnitude codes, the
 // integer recipe of hardware.tiles.bfp_encode: E = max biased exponent; each 24-bit
@@ -67,10 +76,12 @@ inline uint8_t encode_group(const T* x, uint8_t* codes) {
 
 // One tile of block floats into ``page`` (64 exponent bytes, then the codes), portable.
 template <int MAG, typename T>
-void pack_tile_scalar(const T* layer, const int64_t* rows, uint8_t* page) {
+void pack_tile_scalar(const T* layer, const int64_t* rows, uint8_t* page,
+                      const int64_t* ahead) {
   static const T zeros[TILE] = {};
   uint8_t codes[FACE];
   for (int r = 0; r < TILE; ++r) {
+    prefetch_row(layer, ahead, r);
     const T* x = rows[r] < 0 ? zeros : layer + rows[r];
     for (int fc = 0; fc < 2; ++fc) {
       const int g = ((r / FACE) * 2 + fc) * FACE + r % FACE;
@@ -148,7 +159,7 @@ inline void store_line(uint8_t* to, __m512i line) {
 // bfloat8_b 4 groups of 16 bytes, bfloat4_b 8 groups of 8 bytes. The shared exponents are
 // kept in one lane per face row and written last, as the page's first line.
 template <int MAG, bool STREAM, typename T>
-void pack_tile_vector(const T* layer, const int64_t* rows, uint8_t* page) {
+void pack_tile_vector(const T* layer, const int64_t* rows, uint8_t* page, const int64_t* ahead) {
   constexpr int ROWS = MAG == 7 ? 4 : 8, GROUP_BYTES = FACE * (MAG + 1) / 8;
   static const T zeros[TILE] = {};
   __m512i exps[4];                                 // per face: lane i holds face row i's E
@@ -157,6 +168,7 @@ void pack_tile_vector(const T* layer, const int64_t* rows, uint8_t* page) {
     for (int r0 = 0; r0 < FACE; r0 += ROWS) {
       __m512i lo[ROWS], hi[ROWS], e;
       for (int i = 0; i < ROWS; ++i) {
+        prefetch_row(layer, ahead, h * FACE + r0 + i);
         const int64_t src = rows[h * FACE + r0 + i];
         const T* x = src < 0 ? zeros : layer + src;
         const __mmask16 lane = __mmask16(1u << (r0 + i));
@@ -170,9 +182,9 @@ void pack_tile_vector(const T* layer, const int64_t* rows, uint8_t* page) {
         __m512i line = bytes4(c[0], c[1], c[2], c[3]);
         if constexpr (MAG == 3) {  // bytes (2m, 2m + 1) -> 2m in the low nibble, 2m + 1 high
           const __m512i more = bytes4(c[4], c[5], c[6], c[7]);
-          const __m512i lo8 = _mm512_set1_epi16(0xFF);
-          const __m512i a = _mm512_and_si512(_mm512_or_si512(line, _mm512_srli_epi16(line, 4)), lo8);
-          const __m512i b = _mm512_and_si512(_mm512_or_si512(more, _mm512_srli_epi16(more, 4)), lo8);
+          const __m512i lo8 = _mm512_set1_epi16(0xFF);          // (A | B) & C: 0xA8
+          const __m512i a = _mm512_ternarylogic_epi32(line, _mm512_srli_epi16(line, 4), lo8, 0xA8);
+          const __m512i b = _mm512_ternarylogic_epi32(more, _mm512_srli_epi16(more, 4), lo8, 0xA8);
           line = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
                                           _mm512_packus_epi16(a, b));
         }
@@ -207,7 +219,7 @@ inline __m512i encode_row(__m512i x, __m512i* shared) {
   const __m512i up = _mm512_add_epi16(odd, _mm512_set1_epi16((1 << (drop - 1)) - 1));
   const __m512i q = _mm512_min_epu16(_mm512_srli_epi16(_mm512_adds_epu16(aligned, up), drop),
                                      _mm512_set1_epi16((1 << MAG) - 1));
-  // q | sign << MAG (ternary logic A | (B & C)), then 0 where q is 0
+  // q | sign << MAG (ternary logic A | (B & C): 0xF8), then 0 where q is 0
   const __m512i code = _mm512_ternarylogic_epi32(q, _mm512_srli_epi16(x, 15 - MAG),
                                                  _mm512_set1_epi16(1 << MAG), 0xF8);
   return _mm512_maskz_mov_epi16(_mm512_test_epi16_mask(q, q), code);
@@ -216,7 +228,8 @@ inline __m512i encode_row(__m512i x, __m512i* shared) {
 // One bfloat16 tile into ``page``, as pack_tile_vector: 8 tile rows per step give two lines
 // of codes per face (bfloat8_b) or one (bfloat4_b).
 template <int MAG, bool STREAM>
-void pack_tile_vector(const uint16_t* layer, const int64_t* rows, uint8_t* page) {
+void pack_tile_vector(const uint16_t* layer, const int64_t* rows, uint8_t* page,
+                      const int64_t* ahead) {
   constexpr int GROUP_BYTES = FACE * (MAG + 1) / 8;
   static const uint16_t zeros[TILE] = {};
   const __m512i nibbles = _mm512_set1_epi32(0xFF);
@@ -226,6 +239,7 @@ void pack_tile_vector(const uint16_t* layer, const int64_t* rows, uint8_t* page)
     for (int r0 = 0; r0 < FACE; r0 += 8) {
       __m512i c[8], e;
       for (int i = 0; i < 8; ++i) {
+        prefetch_row(layer, ahead, h * FACE + r0 + i);
         const int64_t src = rows[h * FACE + r0 + i];
         c[i] = encode_row<MAG>(_mm512_loadu_si512(src < 0 ? zeros : layer + src), &e);
         acc = _mm512_mask_mov_epi16(acc, __mmask32(0x10001u << (r0 + i)), e);
@@ -264,15 +278,17 @@ void pack_tile_vector(const uint16_t* layer, const int64_t* rows, uint8_t* page)
 // One tile of block floats into ``page``: with AVX-512 (VECTOR) line by line, streamed where
 // ``page`` is 64-byte aligned; else group by group.
 template <int MAG, bool VECTOR, typename T>
-void pack_tile(const T* layer, const int64_t* rows, uint8_t* page) {
+void pack_tile(const T* layer, const int64_t* rows, uint8_t* page, const int64_t* ahead) {
 #if defined(HAWK_AVX512)
   if constexpr (VECTOR) {
-    if (reinterpret_cast<uintptr_t>(page) % 64 == 0) pack_tile_vector<MAG, true>(layer, rows, page);
-    else pack_tile_vector<MAG, false>(layer, rows, page);
+    if (reinterpret_cast<uintptr_t>(page) % 64 == 0)
+      pack_tile_vector<MAG, true>(layer, rows, page, ahead);
+    else
+      pack_tile_vector<MAG, false>(layer, rows, page, ahead);
     return;
   }
 #endif
-  pack_tile_scalar<MAG>(layer, rows, page);
+  pack_tile_scalar<MAG>(layer, rows, page, ahead);
 }
 
 // Copy one face row (16 elements, 32 or 64 bytes). STREAM: with non-temporal stores, which
@@ -293,9 +309,10 @@ inline void copy_face_row(uint8_t* to, const uint8_t* from) {
 // One tile with the values as they are (T: an unsigned integer of the element's size): two
 // face rows per tile row.
 template <typename T, bool STREAM>
-void copy_tile(const T* layer, const int64_t* rows, uint8_t* page) {
+void copy_tile(const T* layer, const int64_t* rows, uint8_t* page, const int64_t* ahead) {
   constexpr int ESIZE = sizeof(T), face_row = FACE * ESIZE;
   for (int r = 0; r < TILE; ++r) {
+    prefetch_row(layer, ahead, r);
     uint8_t* lo = page + ((r / FACE) * 2 * FACE * FACE + (r % FACE) * FACE) * ESIZE;
     uint8_t* hi = lo + FACE * FACE * ESIZE;      // the face to the right
     if (rows[r] < 0) {
@@ -309,24 +326,16 @@ void copy_tile(const T* layer, const int64_t* rows, uint8_t* page) {
   }
 }
 
-// Visit the pages in order, asking for the tile rows of the page AHEAD pages on while this
-// one is built: the rows of a TT block are scattered over GPU blocks, so the hardware
-// prefetcher alone leaves the loads waiting on memory.
+// Visit the pages in order; each tile function asks for the tile rows of the page AHEAD pages
+// on while it builds this one, one row per row it builds (``ahead``, null near the end): the
+// rows of a TT block are scattered over GPU blocks, so the hardware prefetcher alone leaves
+// the loads waiting on memory, and spread out the requests do not queue up behind each other.
 template <typename T, typename Tile>
 void each_page(const T* layer, const int64_t* rows, const int64_t* send_rows, uint8_t* out,
                int64_t n, int64_t stride, Tile tile) {
-  for (int64_t p = 0; p < n; ++p) {
-    if (p + AHEAD < n) {
-      const int64_t* next = rows + (p + AHEAD) * TILE;
-      for (int r = 0; r < TILE; ++r) {
-        if (next[r] >= 0) {               // a tile row: 32 elements, 64 or 128 bytes
-          __builtin_prefetch(layer + next[r]);
-          __builtin_prefetch(layer + next[r] + TILE - 1);
-        }
-      }
-    }
-    tile(layer, rows + p * TILE, out + send_rows[p] * stride);
-  }
+  for (int64_t p = 0; p < n; ++p)
+    tile(layer, rows + p * TILE, out + send_rows[p] * stride,
+         p + AHEAD < n ? rows + (p + AHEAD) * TILE : nullptr);
 }
 
 template <typename T, bool VECTOR>

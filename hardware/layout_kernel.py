@@ -3,7 +3,9 @@
 ``csrc/layout_kernel.cpp`` reads each page's 32 tile rows straight from a layer's scattered
 GPU blocks (``TileGather.sources``) and writes its send row once, tilized and packed:
 bfloat16 / float32 values as they are, or bfloat8_b / bfloat4_b with the integer recipe of
-``hardware.tiles.bfp_encode``, so it is byte-exact with the eager torch path. It is compiled
+``hardware.tiles.bfp_encode``, so it is byte-exact with the eager torch path. Where the CPU has
+AVX-512 (F, BW, VL) the block floats are packed with it, a tile row or group per vector
+register; a portable path packs them elsewhere (and, for tests, on request). It is compiled
 with ``torch.utils.cpp_extension.load`` the first time a CPU transformation asks for it (a few
 seconds; cached in torch's extension directory, ``~/.cache/torch_extensions`` unless
 ``TORCH_EXTENSIONS_DIR`` says otherwise) and registered as ``torch.ops.hawk_layout``.
@@ -97,8 +99,15 @@ def applies(layer: torch.Tensor, tt_dtype: str, gather) -> bool:
     return SAME_BITS.get(tt_dtype) == layer.dtype
 
 
+def vectorized() -> bool:
+    """Whether the built kernel packs block floats with AVX-512 (building it if need be)."""
+    return available() and bool(torch.ops.hawk_layout.vectorized())
+
+
 def pack_layer(layer: torch.Tensor, sources: torch.Tensor, send_rows: torch.Tensor,
-               rows: torch.Tensor, tt_dtype: str) -> None:
+               rows: torch.Tensor, tt_dtype: str, portable: bool = False) -> None:
     """Fill the send ``rows`` [2 * S, >= page_bytes] (uint8, contiguous rows) of one layer:
-    page ``p`` (tile rows at ``sources[p]``) goes to row ``send_rows[p]``."""
-    torch.ops.hawk_layout.pack_layer(layer, sources, send_rows, rows, MAG_BITS[tt_dtype])
+    page ``p`` (tile rows at ``sources[p]``) goes to row ``send_rows[p]``. ``portable``: pack
+    block floats without AVX-512 even where the kernel has it (the same bytes, slower)."""
+    op = torch.ops.hawk_layout.pack_layer_portable if portable else torch.ops.hawk_layout.pack_layer
+    op(layer, sources, send_rows, rows, MAG_BITS[tt_dtype])

@@ -2,6 +2,7 @@
 
 import functools
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,6 +126,48 @@ def test_kernel_fills_a_given_send_buffer(kernel):
         region = torch.zeros(want.numel() + 1, dtype=torch.uint8)
         transform.hawk_transform(layers, req, out=region[1:], kernel=True)
         assert torch.equal(region[1:], want)
+
+
+def pack_pages(layers, req, offset, portable):
+    """The kernel's send rows of each layer, built at ``offset`` bytes past a 64-byte aligned
+    buffer full of 0xAB (offset 1: no streamed stores), as [layers, pages, stride] bytes."""
+    gather = transform.prepare(req)
+    sources = torch.from_numpy(gather.tiles.sources)
+    send_rows = torch.from_numpy(gather.tiles.send_rows)
+    pages, stride = sources.shape[0], gather.stride
+    results = []
+    for layer in layers:
+        region = torch.full((pages * stride + 64,), 0xAB, dtype=torch.uint8)
+        start = (-region.data_ptr()) % 64 + offset
+        rows = region[start:start + pages * stride].view(pages, stride)
+        layout_kernel.pack_layer(layer, sources, send_rows, rows[:, :req.tt.page_bytes],
+                                 req.tt.dtype, portable=portable)
+        results.append(rows.clone())
+    return torch.stack(results)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat8_b", "bfloat4_b"])
+@pytest.mark.parametrize("cache_dtype", ["bfloat16", "float16", "float32"])
+def test_vector_packing_equals_portable_packing(kernel, dtype, cache_dtype):
+    # the AVX-512 path (where the kernel has it) against the portable one, both orders, any
+    # bits and the special values, streamed (aligned) and plain (odd address) stores
+    rng = np.random.default_rng([DTYPES.index(dtype), CACHE_DTYPES[dtype].index(cache_dtype)])
+    for i in range(6):
+        req = make_transfer(rng, int(rng.integers(1, 200)), int(rng.integers(1, 4)),
+                            int(rng.choice([32, 64, 128])), 16, ["NHD", "HND"][i % 2], 32, dtype,
+                            int(rng.integers(1, 13)), alignment=64, gpu_dtype=cache_dtype)
+        layers = special_layers(req, rng) if i < 3 else random_bit_layers(req, rng)
+        for offset in (0, 1):
+            vector = pack_pages(layers, req, offset, portable=False)
+            assert torch.equal(vector, pack_pages(layers, req, offset, portable=True))
+        eager = transform.hawk_transform(layers, req, kernel=False).view(vector.shape)
+        assert torch.equal(vector[..., :req.tt.page_bytes], eager[..., :req.tt.page_bytes])
+
+
+def test_kernel_says_whether_it_packs_with_avx512(kernel):
+    flags = Path("/proc/cpuinfo").read_text() if layout_kernel._native() else ""
+    has = all(f" {f}" in flags for f in ("avx512f", "avx512bw", "avx512vl"))
+    assert layout_kernel.vectorized() == has
 
 
 def test_kernel_is_used_only_where_it_applies(kernel, monkeypatch):

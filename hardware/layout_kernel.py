@@ -4,8 +4,8 @@
 GPU blocks (``TileGather.sources``) and writes its send row once, tilized and packed:
 bfloat16 / float32 values as they are, or bfloat8_b / bfloat4_b with the integer recipe of
 ``hardware.tiles.bfp_encode``, so it is byte-exact with the eager torch path. Where the CPU has
-AVX-512 (F, BW, VL) the block floats are packed with it, a tile row or group per vector
-register; a portable path packs them elsewhere (and, for tests, on request). It is compiled
+AVX-512 (F, BW, VL), block floats from bfloat16 are packed with it, one tile row per vector
+register; a portable path packs them otherwise (and, for tests, on request). It is compiled
 with ``torch.utils.cpp_extension.load`` the first time a CPU transformation asks for it (a few
 seconds; cached in torch's extension directory, ``~/.cache/torch_extensions`` unless
 ``TORCH_EXTENSIONS_DIR`` says otherwise) and registered as ``torch.ops.hawk_layout``.
@@ -100,7 +100,8 @@ def applies(layer: torch.Tensor, tt_dtype: str, gather) -> bool:
 
 
 def vectorized() -> bool:
-    """Whether the built kernel packs block floats with AVX-512 (building it if need be)."""
+    """Whether the built kernel packs block floats from bfloat16 with AVX-512 (building it if
+    need be)."""
     return available() and bool(torch.ops.hawk_layout.vectorized())
 
 

@@ -149,8 +149,8 @@ def pack_pages(layers, req, offset, portable):
 @pytest.mark.parametrize("dtype", ["bfloat8_b", "bfloat4_b"])
 @pytest.mark.parametrize("cache_dtype", ["bfloat16", "float16", "float32"])
 def test_vector_packing_equals_portable_packing(kernel, dtype, cache_dtype):
-    # the AVX-512 path (where the kernel has it) against the portable one, both orders, any
-    # bits and the special values, streamed (aligned) and plain (odd address) stores
+    # the AVX-512 path (bfloat16 sources, where the kernel has it) against the portable one,
+    # both orders, any bits and the special values, streamed (aligned) and plain (odd) stores
     rng = np.random.default_rng([DTYPES.index(dtype), CACHE_DTYPES[dtype].index(cache_dtype)])
     for i in range(6):
         req = make_transfer(rng, int(rng.integers(1, 200)), int(rng.integers(1, 4)),

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -98,53 +99,10 @@ void pack_tile_scalar(const T* layer, const int64_t* rows, uint8_t* page,
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define HAWK_AVX512 1
-// The same recipe with one group in one __m512i: 16 lanes of float32 bits.
-inline __m512i group_bits(const uint16_t* x) {            // bfloat16: the high half of fp32
-  return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)x)), 16);
-}
-inline __m512i group_bits(const c10::Half* x) {           // float16: widened exactly
-  return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)x)));
-}
-inline __m512i group_bits(const uint32_t* x) { return _mm512_loadu_si512(x); }
-
-// 16 values -> 16 codes, one per lane, and the shared exponent E in every lane of ``*shared``.
-// Branch-free: the lane maximum by four butterfly steps leaves E in every lane, so E - exp is
-// one subtraction; srlv gives 0 for shifts of 32 or more, as the recipe asks.
-template <int MAG>
-inline __m512i encode_lanes(__m512i v, __m512i* shared) {
-  constexpr int drop = 24 - MAG;
-  const __m512i exp = _mm512_and_si512(_mm512_srli_epi32(v, 23), _mm512_set1_epi32(0xFF));
-  __m512i e = _mm512_max_epu32(exp, _mm512_shuffle_i32x4(exp, exp, _MM_SHUFFLE(1, 0, 3, 2)));
-  e = _mm512_max_epu32(e, _mm512_shuffle_i32x4(e, e, _MM_SHUFFLE(2, 3, 0, 1)));
-  e = _mm512_max_epu32(e, _mm512_shuffle_epi32(e, _MM_PERM_BADC));
-  e = _mm512_max_epu32(e, _mm512_shuffle_epi32(e, _MM_PERM_CDAB));
-  *shared = e;
-  // 24-bit significand with the hidden bit; zero for exponent 0 (zeros and denormals)
-  const __m512i mant = _mm512_maskz_or_epi32(_mm512_test_epi32_mask(exp, exp),
-                                             _mm512_and_si512(v, _mm512_set1_epi32(0x7FFFFF)),
-                                             _mm512_set1_epi32(0x800000));
-  const __m512i aligned = _mm512_srlv_epi32(mant, _mm512_sub_epi32(e, exp));
-  // half to even: add half - 1, plus 1 when the kept part is odd, then drop
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(aligned, drop), _mm512_set1_epi32(1));
-  __m512i q = _mm512_add_epi32(_mm512_add_epi32(aligned, _mm512_set1_epi32((1 << (drop - 1)) - 1)),
-                               odd);
-  q = _mm512_min_epu32(_mm512_srli_epi32(q, drop), _mm512_set1_epi32((1 << MAG) - 1));
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(v, 31 - MAG),
-                                        _mm512_set1_epi32(1 << MAG));
-  return _mm512_mask_or_epi32(q, _mm512_test_epi32_mask(q, q), q, sign);   // 0 stays 0
-}
-
 // Four vectors of 16 values 0..255 in 32-bit lanes -> 64 bytes. The packs work within 128-bit
 // lanes: dword 4L + k holds a, b, c, d's (k = 0..3) values 4L .. 4L + 3.
 inline __m512i pack4(__m512i a, __m512i b, __m512i c, __m512i d) {
   return _mm512_packus_epi16(_mm512_packus_epi32(a, b), _mm512_packus_epi32(c, d));
-}
-
-// The same, in order: a[0..15], b[0..15], c, d.
-inline __m512i bytes4(__m512i a, __m512i b, __m512i c, __m512i d) {
-  const __m512i x = pack4(a, b, c, d);
-  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_epi32(idx, x);
 }
 
 template <bool STREAM>
@@ -153,56 +111,13 @@ inline void store_line(uint8_t* to, __m512i line) {
   else _mm512_storeu_si512(to, line);
 }
 
-// One tile into ``page``, each 64-byte line written once (STREAM: non-temporal stores, which
-// skip reading the far-apart send rows' lines first; ``page`` 64-byte aligned). Tile rows
-// r .. r + ROWS - 1 of one half (faces 2h, 2h + 1) make one line of codes in each face:
-// bfloat8_b 4 groups of 16 bytes, bfloat4_b 8 groups of 8 bytes. The shared exponents are
-// kept in one lane per face row and written last, as the page's first line.
-template <int MAG, bool STREAM, typename T>
-void pack_tile_vector(const T* layer, const int64_t* rows, uint8_t* page, const int64_t* ahead) {
-  constexpr int ROWS = MAG == 7 ? 4 : 8, GROUP_BYTES = FACE * (MAG + 1) / 8;
-  static const T zeros[TILE] = {};
-  __m512i exps[4];                                 // per face: lane i holds face row i's E
-  for (int h = 0; h < 2; ++h) {
-    __m512i lo_e = _mm512_setzero_si512(), hi_e = lo_e;
-    for (int r0 = 0; r0 < FACE; r0 += ROWS) {
-      __m512i lo[ROWS], hi[ROWS], e;
-      for (int i = 0; i < ROWS; ++i) {
-        prefetch_row(layer, ahead, h * FACE + r0 + i);
-        const int64_t src = rows[h * FACE + r0 + i];
-        const T* x = src < 0 ? zeros : layer + src;
-        const __mmask16 lane = __mmask16(1u << (r0 + i));
-        lo[i] = encode_lanes<MAG>(group_bits(x), &e);
-        lo_e = _mm512_mask_mov_epi32(lo_e, lane, e);
-        hi[i] = encode_lanes<MAG>(group_bits(x + FACE), &e);
-        hi_e = _mm512_mask_mov_epi32(hi_e, lane, e);
-      }
-      for (int fc = 0; fc < 2; ++fc) {
-        const __m512i* c = fc ? hi : lo;
-        __m512i line = bytes4(c[0], c[1], c[2], c[3]);
-        if constexpr (MAG == 3) {  // bytes (2m, 2m + 1) -> 2m in the low nibble, 2m + 1 high
-          const __m512i more = bytes4(c[4], c[5], c[6], c[7]);
-          const __m512i lo8 = _mm512_set1_epi16(0xFF);          // (A | B) & C: 0xA8
-          const __m512i a = _mm512_ternarylogic_epi32(line, _mm512_srli_epi16(line, 4), lo8, 0xA8);
-          const __m512i b = _mm512_ternarylogic_epi32(more, _mm512_srli_epi16(more, 4), lo8, 0xA8);
-          line = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-                                          _mm512_packus_epi16(a, b));
-        }
-        const int g = (2 * h + fc) * FACE + r0;
-        store_line<STREAM>(page + GROUPS + g * GROUP_BYTES, line);
-      }
-    }
-    exps[2 * h] = lo_e;
-    exps[2 * h + 1] = hi_e;
-  }
-  store_line<STREAM>(page, bytes4(exps[0], exps[1], exps[2], exps[3]));
-}
 // bfloat16 sources: one tile row, 32 values, in the 16-bit lanes of one __m512i, its two
 // groups in the two 256-bit halves. A bfloat16's significand with the hidden bit is 8 bits;
 // put at the top of a 16-bit lane (Y = 1.mmmmmmm << 8), Y >> (E - exp) keeps all its bits
 // whenever the code can be non-zero (E - exp <= 7) and is below half otherwise, so rounding
 // from 16 bits (dropping 16 - MAG) gives the 24-bit recipe's codes. The sum before the drop
-// saturates at 0xFFFF only where the code saturates anyway.
+// saturates at 0xFFFF only where the code saturates anyway. Branch-free: four butterfly steps
+// leave each half's maximum exponent E in all its lanes; srlv gives 0 for shifts of 16 or more.
 template <int MAG>
 inline __m512i encode_row(__m512i x, __m512i* shared) {
   constexpr int drop = 16 - MAG;
@@ -225,8 +140,12 @@ inline __m512i encode_row(__m512i x, __m512i* shared) {
   return _mm512_maskz_mov_epi16(_mm512_test_epi16_mask(q, q), code);
 }
 
-// One bfloat16 tile into ``page``, as pack_tile_vector: 8 tile rows per step give two lines
-// of codes per face (bfloat8_b) or one (bfloat4_b).
+// One bfloat16 tile into ``page``, each 64-byte line written once (STREAM: non-temporal
+// stores, which skip reading the far-apart send rows' lines first; ``page`` 64-byte aligned).
+// Tile rows r .. r + 7 of one half (faces 2h, 2h + 1) make two lines of codes in each face
+// (bfloat8_b: 4 groups of 16 bytes a line) or one (bfloat4_b: 8 groups of 8 bytes). The
+// shared exponents are kept in one lane per face row and written last, as the page's first
+// line.
 template <int MAG, bool STREAM>
 void pack_tile_vector(const uint16_t* layer, const int64_t* rows, uint8_t* page,
                       const int64_t* ahead) {
@@ -275,12 +194,12 @@ void pack_tile_vector(const uint16_t* layer, const int64_t* rows, uint8_t* page,
 }
 #endif
 
-// One tile of block floats into ``page``: with AVX-512 (VECTOR) line by line, streamed where
-// ``page`` is 64-byte aligned; else group by group.
+// One tile of block floats into ``page``: from bfloat16 with AVX-512 (VECTOR) line by line,
+// streamed where ``page`` is 64-byte aligned; else (float16, float32 too) group by group.
 template <int MAG, bool VECTOR, typename T>
 void pack_tile(const T* layer, const int64_t* rows, uint8_t* page, const int64_t* ahead) {
 #if defined(HAWK_AVX512)
-  if constexpr (VECTOR) {
+  if constexpr (VECTOR && std::is_same_v<T, uint16_t>) {
     if (reinterpret_cast<uintptr_t>(page) % 64 == 0)
       pack_tile_vector<MAG, true>(layer, rows, page, ahead);
     else
@@ -418,7 +337,7 @@ void pack_layer_portable(const at::Tensor& layer, const at::Tensor& sources,
   pack(layer, sources, send_rows, out, mag_bits, false);
 }
 
-bool vectorized() {
+bool vectorized() {                      // block floats from bfloat16
 #if defined(HAWK_AVX512)
   return true;
 #else

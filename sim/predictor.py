@@ -17,6 +17,7 @@ the table predictor with a vectorised cumulative sum. ``decode_step_time`` is th
 from __future__ import annotations
 
 import math
+from math import ceil, sqrt
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -184,7 +185,7 @@ class RooflinePredictor(Predictor):
         const, c0, c1, m0, m1 = self._lines.get(batch) or self._decode_lines(batch)
         p2, q2, last = m0 + m1 * context, m1 * batch, steps - 1
         p1, q1 = c0 + c1 * context, c1 * batch
-        if p2 >= p1 and p2 + q2 * last >= p1 + q1 * last:    # memory-bound throughout
+        if p2 >= p1 and (q2 >= q1 or p2 + q2 * last >= p1 + q1 * last):   # memory-bound
             return steps * const + (steps * p2 + q2 * steps * last / 2.0)
         return steps * const + _sum_max_lines(p1, q1, p2, q2, steps)
 
@@ -219,18 +220,23 @@ class RooflinePredictor(Predictor):
             return 1, self.decode_time(batch, context, 1)
         const, c0, c1, m0, m1 = self._lines.get(batch) or self._decode_lines(batch)
         pc, qc, pm, qm = c0 + c1 * context, c1 * batch, m0 + m1 * context, m1 * batch
-        p, q = (pc, qc) if (pc, qc) > (pm, qm) else (pm, qm)
-        a, b = q / 2.0, const + p - q / 2.0            # S(j) = a j^2 + b j on that line
-        root = (-b + math.sqrt(b * b + 4 * a * elapsed)) / (2 * a) if a > 0 else elapsed / b
-        j = min(max(math.ceil(root), 1), steps)
-        last = j - 1
-        if pm >= pc and pm + qm * last >= pc + qc * last:   # decode_time's memory-bound case
-            t = j * const + (j * pm + qm * j * last / 2.0)
+        if pm >= pc and qm >= qc:              # memory-bound at every step (the usual case)
+            a, b = qm / 2.0, const + pm - qm / 2.0     # S(j) = a j^2 + b j
+            root = (-b + sqrt(b * b + 4.0 * a * elapsed)) / (2.0 * a) if a > 0 else elapsed / b
+            j = ceil(root)
+            j = 1 if j < 1 else steps if j > steps else j
+            last = j - 1
+            t = j * const + (j * pm + qm * j * last / 2.0)     # as decode_time sums it
+            if t >= elapsed and (j == 1 or t - (const + pm + qm * last) < elapsed):
+                return j, t
         else:
+            p, q = (pc, qc) if (pc, qc) > (pm, qm) else (pm, qm)
+            a, b = q / 2.0, const + p - q / 2.0        # S(j) on the line winning at first
+            root = (-b + sqrt(b * b + 4.0 * a * elapsed)) / (2.0 * a) if a > 0 else elapsed / b
+            j = min(max(ceil(root), 1), steps)
             t = self.decode_time(batch, context, j)
-        if t >= elapsed:                                # the usual case: one evaluation,
-            k = j - 1                                   # and the step before it
-            if j == 1 or t - (const + max(pc + qc * k, pm + qm * k)) < elapsed:
+            if t >= elapsed and (j == 1 or t - (const + max(pc + qc * (j - 1),
+                                                             pm + qm * (j - 1))) < elapsed):
                 return j, t
         j = min(self.decode_steps_within(batch, context, steps, elapsed), steps)
         t = self.decode_time(batch, context, j)

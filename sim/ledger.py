@@ -42,6 +42,9 @@ class Ledger:
         self.finished_at = nans
         self.join_iteration = [0] * n   # decode iteration at which the request joined
         self.num_ended = 0              # requests in a final state
+        self.num_rejected = 0           # of which rejected at their arrival
+        self.rejected = np.zeros(n, dtype=bool)   # rejected at arrival (the router's verdict)
+        self._admitted_by: list[int] | None = None  # admitted among the first k + 1 arrivals
         self.kv_bytes = array("q", bytes(8 * n))
 
     def fail(self, i: int, status: Status, now: float) -> None:
@@ -49,6 +52,8 @@ class Ledger:
         self.status[i] = status
         self.finished_at[i] = now
         self.num_ended += 1
+        if status.value.startswith("rejected"):
+            self.num_rejected += 1
 
     def finish(self, i: int, now: float) -> None:
         assert self.status[i] is None, f"request {i} already ended as {self.status[i]}"
@@ -57,8 +62,14 @@ class Ledger:
         self.num_ended += 1
 
     def num_in_system(self, now: float) -> int:
-        """Requests arrived by ``now`` and not yet ended (for Little's law)."""
-        return bisect.bisect_right(self.arrival_at, now) - self.num_ended
+        """Requests admitted by ``now`` and not yet ended (for Little's law). Requests rejected
+        at their arrival (``rejected``, set by the router) never enter the system; the router
+        may record them before or after their instant, so they are left out of the count."""
+        if self._admitted_by is None:
+            self._admitted_by = np.cumsum(~self.rejected).tolist()
+        k = bisect.bisect_right(self.arrival_at, now)
+        admitted = self._admitted_by[k - 1] if k else 0
+        return admitted - (self.num_ended - self.num_rejected)
 
     def frame(self, cut_at: float | None = None):
         """Records table. Requests still open become ``unfinished`` only when the run was cut

@@ -47,6 +47,7 @@ class Router:
         no_prefill = ~self.prefills[0].fits_many(prompt)
         no_decode = ~self.decodes[0].fits_many(prompt, output)
         code = np.select([too_long, no_prefill, no_decode], [1, 2, 3], 0)
+        self.ledger.rejected = code != 0
         table = [None, Status.REJECTED_PROMPT_TOO_LONG, Status.REJECTED_PREFILL_CAPACITY,
                  Status.REJECTED_DECODE_CAPACITY]
         return [table[c] for c in code.tolist()]

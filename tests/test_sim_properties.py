@@ -136,3 +136,20 @@ def test_lazy_admission_equals_one_timer_per_arrival(seed, rate):
     a, b = lazy[instants].to_numpy(), eager[instants].to_numpy()
     assert np.array_equal(np.isnan(a), np.isnan(b))
     assert np.nanmax(np.abs(a - b)) <= 1e-9
+
+
+def test_monitor_counts_match_the_records_with_rejections_admitted_ahead():
+    """The sampled number in system equals, at every sample, arrivals minus ends by then from
+    the records, also when the router records rejections before or after their instant (a
+    rejected request arrives and ends at once)."""
+    rng = np.random.default_rng(4)
+    trace = random_trace(rng, 400, 0.8, max_prompt=12_000)
+    config = make_config(**{"cluster.prefill.max_batch_tokens": 8192})
+    result = simulate(config, trace, monitor_interval_s=0.5)
+    records = result.records
+    assert (records["status"] == "rejected_prompt_too_long").sum() > 10
+    arrivals = np.sort(records["arrival_at"].to_numpy())
+    ends = np.sort(records["finished_at"].to_numpy())
+    for t, count in result.stats["in_system"]:
+        expected = np.searchsorted(arrivals, t, "right") - np.searchsorted(ends, t, "right")
+        assert count == expected, t

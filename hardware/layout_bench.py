@@ -115,7 +115,7 @@ def throughput(tokens: int, tp: int, dram: str, dtype: str, num_layers: int, dev
 
 
 def run(tokens: int = 4096, device: str = "cpu", repeats: int = 5, tp: int = 4,
-        dram: str = "p150a", dtypes=("bfloat16", "bfloat8_b"), bench_layers: int = 8,
+        dram: str = "p150a", dtypes=("bfloat16", "bfloat8_b", "bfloat4_b"), bench_layers: int = 8,
         threads: int | None = None) -> dict:
     """Write counts for the full 80-layer request; throughput over ``bench_layers`` layers."""
     import torch

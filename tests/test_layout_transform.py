@@ -225,7 +225,7 @@ def test_benchmark_reports_counts_and_ratios(capsys):
     counts = result["write_counts"]
     assert counts["hawk"]["per_tensor"] == 12 and counts["per_page"]["per_tensor"] == 32
     assert counts["per_gpu_block"]["per_tensor"] == 16
-    assert {t["dtype"] for t in result["throughput"]} == {"bfloat16", "bfloat8_b"}
+    assert {t["dtype"] for t in result["throughput"]} == {"bfloat16", "bfloat8_b", "bfloat4_b"}
     req = layout_bench.make_transfer(256, 8, "wormhole", "bfloat8_b", 1)
     for t in result["throughput"]:                  # the baseline copies the bytes read
         assert t["bytes_in"] == req.num_tensors * req.block_table.size * req.gpu.block_bytes

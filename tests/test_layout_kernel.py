@@ -20,7 +20,7 @@ CACHE_DTYPES = {"bfloat16": ["bfloat16"], "float32": ["float32"],
 
 @pytest.fixture(scope="module")
 def kernel():
-    """Build the kernel once per session (seconds; a cached build loads at once), or skip."""
+    """Build the kernel once per test run (seconds; a cached build loads at once), or skip."""
     if not layout_kernel.enabled():
         pytest.skip(f"{layout_kernel.ENV_VAR}=0 turns the fused kernel off")
     if not layout_kernel.available():

@@ -67,11 +67,9 @@ class DecodeInstance:
     def load(self) -> int:
         return self.num_assigned
 
-    def fits(self, i: int) -> bool:
-        return self.memory.fits_ever(self.ledger.prompt[i], self.ledger.output[i])
-
     def fits_many(self, prompts: np.ndarray, outputs: np.ndarray) -> np.ndarray:
-        """``fits`` for arrays of lengths (the router checks a whole trace at once)."""
+        """Whether each request could ever fit this instance's memory (arrays of lengths;
+        the router checks a whole trace at once)."""
         return self.memory.fits_ever_many(prompts, outputs)
 
     # -- pull and transfer --------------------------------------------------------------
@@ -193,13 +191,11 @@ class DecodeInstance:
         it = self.iteration
         freed = False
         if running and running[0][0] == it:
-            prompt, joined, memory = ledger.prompt, ledger.join_iteration, self.memory
+            prompt, joined = ledger.prompt, ledger.join_iteration
             while running and running[0][0] == it:
                 _, i = heapq.heappop(running)
                 self._context_base -= prompt[i] + 1 - joined[i]
-                ledger.finish(i, now)
-                memory.release(i)
-                self.num_assigned -= 1
+                self._finish(i, now)
             freed = True
         self._admit_and_plan(now, now)
         if freed and self.pending:

@@ -122,7 +122,7 @@ class KVLink:
         if solo is not None:
             self._solo = self._timer = None
             self._timer_at = math.inf
-            enter_at, _, wire, on_done, arg = solo
+            _, _, wire, on_done, arg = solo
             self.busy_time += wire / self.bandwidth
             on_done(arg)
             return

@@ -33,15 +33,15 @@ every block, so all chips fill alike. A slot is one block's share of one bank.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 OK, WAIT, OOM = "ok", "wait", "oom"
 
 
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-int(tokens) // block_size)
+def _blocks(tokens, block_size: int):
+    """KV blocks for ``tokens`` (an int or an integer array)."""
+    return -(-tokens // block_size)
 
 
 class BlockPool:
@@ -63,13 +63,11 @@ class BlockPool:
         return _blocks(num_prompt_tokens + num_output_tokens, self.block_size)
 
     def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
-        return self.blocks_needed(num_prompt_tokens, num_output_tokens) <= self.capacity_blocks
+        return bool(self.fits_ever_many(num_prompt_tokens, num_output_tokens))
 
-    def fits_ever_many(self, num_prompt_tokens: np.ndarray,
-                       num_output_tokens: np.ndarray) -> np.ndarray:
-        blocks = -(-(np.asarray(num_prompt_tokens, dtype=np.int64) + num_output_tokens)
-                   // self.block_size)
-        return blocks <= self.capacity_blocks
+    def fits_ever_many(self, num_prompt_tokens, num_output_tokens) -> np.ndarray:
+        prompt = np.asarray(num_prompt_tokens, dtype=np.int64)
+        return self.blocks_needed(prompt, num_output_tokens) <= self.capacity_blocks
 
     def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
         if request in self.held:
@@ -187,20 +185,18 @@ class SingleBufferPool(_BankGrid):
         self.staging_slots_per_token = float(staging_slots_per_token)
         self.staging: dict = {}         # request -> (first linear slot, count)
 
-    def staging_needed(self, num_prompt_tokens: int) -> int:
-        return max(1, math.ceil(num_prompt_tokens * self.staging_slots_per_token))
+    def staging_needed(self, num_prompt_tokens):
+        """Linear slots a prompt's raw KV takes (an int or an integer array)."""
+        slots = np.ceil(np.multiply(num_prompt_tokens, self.staging_slots_per_token))
+        return np.maximum(1, slots).astype(np.int64)
 
     def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
-        blocks = self.blocks_needed(num_prompt_tokens, num_output_tokens)
-        staging = self.staging_needed(num_prompt_tokens)
-        return blocks * self.num_banks + staging <= self.used.size and (
-            blocks + -(-staging // self.num_banks) <= self.slots_per_bank)
+        return bool(self.fits_ever_many(num_prompt_tokens, num_output_tokens))
 
-    def fits_ever_many(self, num_prompt_tokens: np.ndarray,
-                       num_output_tokens: np.ndarray) -> np.ndarray:
+    def fits_ever_many(self, num_prompt_tokens, num_output_tokens) -> np.ndarray:
         prompt = np.asarray(num_prompt_tokens, dtype=np.int64)
-        blocks = -(-(prompt + num_output_tokens) // self.block_size)
-        staging = np.maximum(1, np.ceil(prompt * self.staging_slots_per_token)).astype(np.int64)
+        blocks = self.blocks_needed(prompt, num_output_tokens)
+        staging = self.staging_needed(prompt)
         return (blocks * self.num_banks + staging <= self.used.size) & (
             blocks + -(-staging // self.num_banks) <= self.slots_per_bank)
 
@@ -208,7 +204,7 @@ class SingleBufferPool(_BankGrid):
         if request in self.blocks:
             raise ValueError(f"request {request!r} already holds a reservation")
         blocks = self.blocks_needed(num_prompt_tokens, num_output_tokens)
-        staging = self.staging_needed(num_prompt_tokens)
+        staging = int(self.staging_needed(num_prompt_tokens))
         if blocks * self.num_banks + staging > int((~self.used).sum()):
             self.num_waits += 1
             return WAIT

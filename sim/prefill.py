@@ -39,15 +39,11 @@ class PrefillInstance:
         self._batch: tuple | list = ()     # the batch in progress (one at a time)
         self.source = None                # a router admitting arrivals lazily, or None
 
-    def fits(self, prompt_tokens: int) -> bool:
-        """Whether a prompt can ever be prefilled here."""
-        return (prompt_tokens <= self.max_batch_tokens
-                and blocks_for(prompt_tokens, self.block_size) <= self.buffer_blocks)
-
     def fits_many(self, prompts: np.ndarray) -> np.ndarray:
-        """``fits`` for an array of prompt lengths."""
-        blocks = -(-np.asarray(prompts, dtype=np.int64) // self.block_size)
-        return (prompts <= self.max_batch_tokens) & (blocks <= self.buffer_blocks)
+        """Whether each prompt can ever be prefilled here (an array of prompt lengths)."""
+        prompts = np.asarray(prompts, dtype=np.int64)
+        return (prompts <= self.max_batch_tokens) & (
+            blocks_for(prompts, self.block_size) <= self.buffer_blocks)
 
     @property
     def load(self) -> int:
@@ -66,7 +62,7 @@ class PrefillInstance:
 
     def release(self, i: int) -> None:
         """The decode side has pulled request ``i``'s KV cache: free its send buffer."""
-        self.free_blocks += -(-self.ledger.prompt[i] // self.block_size)   # blocks_for
+        self.free_blocks += blocks_for(self.ledger.prompt[i], self.block_size)
         if not self._busy and self.queue:   # an idle, empty instance waits for an arrival
             self._next_batch()
 
@@ -84,25 +80,15 @@ class PrefillInstance:
             return
         self._busy = True
         bs, ledger = self.block_size, self.ledger
-        if take == 1:                         # the usual batch below saturation
-            i = queue.popleft()
-            n = prompt[i]
-            batch, lens = (i,), (n,)
-            self.queued_tokens -= n
-            self.free_blocks -= -(-n // bs)
-            last = ledger.arrival_at[i]
-            at = last if last > now else now      # admitted ahead of its arrival (lazy router)
-            ledger.prefill_start_at[i] = at
-        else:
-            batch = [queue.popleft() for _ in range(take)]
-            lens = [prompt[i] for i in batch]
-            self.queued_tokens -= sum(lens)
-            self.free_blocks -= sum(-(-n // bs) for n in lens)
-            last = ledger.arrival_at[batch[-1]]
-            at = last if last > now else now
-            start = ledger.prefill_start_at
-            for i in batch:
-                start[i] = at
+        batch = (queue.popleft(),) if take == 1 else [queue.popleft() for _ in range(take)]
+        lens = [prompt[i] for i in batch]
+        self.queued_tokens -= sum(lens)
+        self.free_blocks -= sum([-(-n // bs) for n in lens])
+        last = ledger.arrival_at[batch[-1]]
+        at = last if last > now else now          # admitted ahead of its arrival (lazy router)
+        start = ledger.prefill_start_at
+        for i in batch:
+            start[i] = at
         duration = self.predictor.prefill_time(lens)
         self.busy_time += duration
         self.num_batches += 1

@@ -110,7 +110,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         pricing = pricing or pricing_for(config)
     except ValueError as exc:
         raise ConfigError(f"cluster.link.mechanism: {exc}") from exc
-    bandwidth_gb_s = cl.link.bandwidth_gb_s or transfer_params(cl.profile).nic_bandwidth_gb_s
+    bandwidth_gb_s = cl.link.bandwidth_gb_s or transfer_params(cl.profile).link_gb_s
 
     wall = time.perf_counter()
     env = simpy.Environment()

@@ -17,7 +17,10 @@ Counts and bytes come from ``plan_counts``, a closed form of the plans' counts f
 allocation (tests check it equal to ``hardware.plans``); prices are memoised per token count.
 
 Every device-side step runs on the ``tp`` devices of an instance in parallel; the NIC and the
-host copies are shared by all of them. Parameters: the profile's ``[transfer]`` table.
+host copies are shared by all of them. Parameters: the profile's ``[transfer]`` table. Its
+``time_scale`` multiplies every time the table implies (fixed costs times it, bandwidths over
+it, the link's included: ``TransferParams.link_gb_s``), so it changes absolute transfer times
+and leaves every ratio between mechanisms as it is.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class TransferParams:
     npu_relayout_fixed_s: float = 0.01
     host_slowdown: float = 1.5
     single_buffer_bank_gb: float = 3.98
+    time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -102,6 +106,13 @@ class TransferParams:
                 raise ValueError(f"[transfer] {f.name} must be a number >= 0, got {value!r}")
         if self.host_slowdown < 1.0:
             raise ValueError(f"[transfer] host_slowdown {self.host_slowdown} must be >= 1")
+        if not self.time_scale > 0:
+            raise ValueError(f"[transfer] time_scale {self.time_scale} must be > 0")
+
+    @property
+    def link_gb_s(self) -> float:
+        """The NIC bandwidth the simulator's link runs at: ``nic_bandwidth_gb_s / time_scale``."""
+        return self.nic_bandwidth_gb_s / self.time_scale
 
     @classmethod
     def from_table(cls, table: dict) -> "TransferParams":
@@ -240,7 +251,9 @@ class MechanismPricing:
             before += p.transform_fixed_s + moved / (gpu_bw * p.transform_memory_efficiency)
         elif m.layout == "npu_relayout":
             after = self._npu_relayout(c)
-        return TransferCost(before, float(tp * c.wire_bytes), after, host, tp * c.num_writes)
+        k = p.time_scale
+        return TransferCost(k * before, float(tp * c.wire_bytes), k * after, k * host,
+                            tp * c.num_writes)
 
     def _host_after(self, c: PlanCounts) -> float:
         """Destination host: copy out of the receive buffer, H2D, and the re-layout if any."""

@@ -1,5 +1,8 @@
 """Transfer pricing: closed-form counts equal the plans', orderings, host slowdown."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -56,7 +59,7 @@ def _pricing(name: str, params=None) -> MechanismPricing:
 @pytest.mark.parametrize("mb", [10, 20, 40, 80, 160, 320, 640, 1280])
 def test_orderings_at_every_size(mb):
     tokens = mb * 1024 * 1024 // (160 * 1024)
-    bw = transfer_params("paper").nic_bandwidth_gb_s * 1e9
+    bw = transfer_params("paper").link_gb_s * 1e9
     lat = {n: isolated_latency(_pricing(n).price(tokens), bw) for n in MECHANISMS}
     assert lat["GG-Direct"] < lat["GN-HAWK"] < lat["GG-Host"] < lat["GN-Host"]
     assert lat["GN-HAWK"] < lat["GN-PerPage"] and lat["GN-HAWK"] < lat["GN-Direct"]
@@ -89,6 +92,29 @@ def test_isolated_latency_is_closed_form():
     assert isolated_latency(cost, 20e9) == pytest.approx(0.001 + wire / 20e9)
 
 
+def _scaled(k: float) -> TransferParams:
+    return TransferParams(**{**transfer_params("paper").__dict__, "time_scale": k})
+
+
+@pytest.mark.parametrize("tokens", [64, 1000, 8192])
+def test_time_scale_multiplies_every_time_and_keeps_every_ratio(tokens):
+    """Fixed costs times k, bandwidths (the link's too) over k: each latency k times longer,
+    each latency ratio (what Figure 9 reports) unchanged, bytes and writes untouched."""
+    one, three = _scaled(1.0), _scaled(3.0)
+    assert three.link_gb_s == pytest.approx(one.link_gb_s / 3)
+    lat = {}
+    for name in MECHANISMS:
+        a, b = _pricing(name, one).price(tokens), _pricing(name, three).price(tokens)
+        assert (b.wire_bytes, b.num_writes) == (a.wire_bytes, a.num_writes)
+        assert b.host_cpu_s == pytest.approx(3 * a.host_cpu_s, rel=1e-12)
+        lat[name] = (isolated_latency(a, one.link_gb_s * 1e9),
+                     isolated_latency(b, three.link_gb_s * 1e9))
+        assert lat[name][1] == pytest.approx(3 * lat[name][0], rel=1e-12)
+    for name in MECHANISMS:
+        assert (lat[name][1] / lat["GG-Host"][1]
+                == pytest.approx(lat[name][0] / lat["GG-Host"][0], rel=1e-12))
+
+
 def test_gn_host_relayout_on_npu_is_priced_too():
     base = transfer_params("paper")
     host = _pricing("GN-Host").price(1000)
@@ -107,3 +133,27 @@ def test_bad_inputs_are_named():
         TransferParams(relayout_at="gpu")
     with pytest.raises(ValueError, match="host_slowdown"):
         TransferParams(host_slowdown=0.5)
+    with pytest.raises(ValueError, match="time_scale"):
+        TransferParams(time_scale=0.0)
+
+
+@pytest.mark.parametrize("mechanism", ["GG-Host", "GN-HAWK"])
+def test_simulated_transfer_follows_the_profile_time_scale(tmp_path, mechanism):
+    """One request alone: its transfer takes k times as long under a profile with time_scale k
+    (the link's one-way latency aside), and the same bytes are recorded."""
+    from sim.cluster import simulate
+    from sim.paper import serving_config
+    from tests.builders import make_trace
+
+    text = (Path(__file__).resolve().parents[1] / "sim" / "profiles" / "paper.toml").read_text()
+    trace = make_trace([0.0], [1500], [4])
+    runs = {}
+    for k in (1.0, 4.0):
+        path = tmp_path / f"scale_{k}.toml"
+        path.write_text(re.sub(r"(?m)^time_scale = .*$", f"time_scale = {k}", text))
+        config = serving_config(mechanism, profile=str(path))
+        runs[k] = simulate(config, trace).records.iloc[0]
+    latency = serving_config(mechanism).cluster.link.latency_s
+    took = {k: r.transfer_end_at - r.transfer_start_at - latency for k, r in runs.items()}
+    assert took[4.0] == pytest.approx(4 * took[1.0], rel=1e-9)
+    assert runs[4.0].kv_bytes == runs[1.0].kv_bytes > 0

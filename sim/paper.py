@@ -6,7 +6,8 @@ Every number comes from the ``paper`` profile (sim/profiles/paper.toml) and the 
 - ``table1``: 4x A100 vs 4x p150a at 512 in / 128 out / batch 32 (roofline predictors).
 - ``serving``: rate sweeps per workload and configuration (``sim.sweep``, in parallel), knee at
   90% SLO attainment, output throughput there, then power and cost at the knee.
-- ``run_paper``: all of it as one JSON-ready dict, next to the paper's figures (``TARGETS``).
+- ``run_paper``: all of it as one JSON-ready dict, next to the paper's figures (``TARGETS``),
+  with each claim of PAPER.md 6 checked (``sim.paper_checks``).
 
 Configurations set ``cluster.link.mechanism`` to a ``sim.transfer.MECHANISMS`` name: the
 simulator prices every transfer with that mechanism and uses its decode-side memory pool.
@@ -83,7 +84,7 @@ def base_config(name: str, workload: str = "chatbot", profile: str = PROFILE) ->
         "cluster.decode.max_batch_size": s["npu_decode_max_batch_size" if npu
                                            else "gpu_decode_max_batch_size"],
         "cluster.decode.max_num_blocks": s["npu_kv_blocks"] if npu else 0,
-        "cluster.link.bandwidth_gb_s": transfer_params(profile).nic_bandwidth_gb_s,
+        "cluster.link.bandwidth_gb_s": transfer_params(profile).link_gb_s,
         "workload.name": workload, "slo.ttft_s": spec.ttft_slo_s, "slo.tpot_s": spec.tpot_slo_s,
     })
 
@@ -107,7 +108,7 @@ def figure9(profile: str = PROFILE, sizes_mb=FIG9_SIZES_MB) -> list[dict]:
         for mech in FIG9_MECHANISMS + ("GN-Direct", "GN-PerPage"):
             name = "GG-Direct" if MECHANISMS[mech].destination == "gpu" else "GN-HAWK"
             pricing = pricing_for(base_config(name, profile=profile), mech)
-            lat[mech] = isolated_latency(pricing.price(tokens), params.nic_bandwidth_gb_s * 1e9)
+            lat[mech] = isolated_latency(pricing.price(tokens), params.link_gb_s * 1e9)
         for mech, value in lat.items():
             rows.append({"size_mb": size, "mechanism": mech, "tokens": tokens,
                          "latency_s": value, "normalized": value / lat["GG-Host"]})
@@ -222,4 +223,7 @@ def run_paper(quick: bool = False, workers: int | None = None, profile: str = PR
                                                for n, r in res.items()}
         out["efficiency"][workload] = efficiency(res)
     out["targets"] = TARGETS
+    from sim.paper_checks import checks
+
+    out["checks"] = checks(out)
     return out

@@ -64,6 +64,7 @@ def markdown(result: dict) -> str:
              "|---|---|---|---|"]
     for what, ours, paper, err in comparison_rows(result):
         lines.append(f"| {what} | {_f(ours)} | {_f(paper)} | {_pct(err)} |")
+    lines += _checks_section(result)
     lines += ["", "## Figure 9: latency normalised to GG-Host", "",
               "| size (MB) | " + " | ".join(_mechs(result)) + " |",
               "|---|" + "---|" * len(_mechs(result))]
@@ -90,6 +91,30 @@ def markdown(result: dict) -> str:
     names = [p.format(w=w) for p in PLOTS for w in result["sweeps"]]
     lines += ["", "Plots: " + ", ".join(f"`{p}`" for p in dict.fromkeys(names)), ""]
     return "\n".join(lines)
+
+
+def _cell(x) -> str:
+    if isinstance(x, dict):
+        return ", ".join(f"{k} {v}" for k, v in x.items())
+    if isinstance(x, (list, tuple)):
+        return " / ".join(_f(v) for v in x)
+    return x if isinstance(x, str) else _f(x)
+
+
+def _checks_section(result: dict) -> list[str]:
+    rows = result.get("checks") or []
+    if not rows:
+        return []
+    held = sum(r["holds"] for r in rows)
+    lines = ["", "## Checks", "",
+             f"{held} of {len(rows)} claims hold. \"fitted\": the profile has a CALIBRATED value "
+             "chosen to hit it; \"predicted\": nothing was fitted to it.", "",
+             "| claim | ours | paper | tolerance | holds | |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['check']} | {_cell(r['ours'])} | {_cell(r['paper'])} | "
+                     f"{r['tolerance']} | {'yes' if r['holds'] else '**no**'} | "
+                     f"{'fitted' if r['fitted'] else 'predicted'} |")
+    return lines
 
 
 def _mechs(result: dict) -> list[str]:
@@ -178,13 +203,16 @@ def plot_efficiency(result: dict, path: Path) -> None:
 
 def write_report(result: dict, out_dir) -> Path:
     """Write report.md and the plots into ``out_dir``; returns the report's path."""
+    from traces.workloads import WORKLOADS
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plot_fig9(result, out / "fig9_transfer.png")
     for w in result["sweeps"]:
-        plot_sweeps(result, w, "ttft_p90_s", "P90 TTFT (s)", out / f"fig10_ttft_{w}.png")
+        plot_sweeps(result, w, "ttft_p90_s", "P90 TTFT (s)", out / f"fig10_ttft_{w}.png",
+                    line=WORKLOADS[w].ttft_slo_s if w in WORKLOADS else None)
         plot_sweeps(result, w, "tpot_p90_s", "P90 TPOT (ms)", out / f"fig11_tpot_{w}.png",
-                    scale=1e3, line=200.0)
+                    scale=1e3, line=1e3 * WORKLOADS[w].tpot_slo_s if w in WORKLOADS else None)
         plot_sweeps(result, w, "slo_attainment", "SLO attainment (%)",
                     out / f"fig12_attainment_{w}.png", scale=100.0, line=90.0)
     plot_efficiency(result, out / "fig13_efficiency.png")

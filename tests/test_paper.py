@@ -1,5 +1,6 @@
 """hawk paper on quick settings: JSON keys, orderings, the report, and the notebook runs."""
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -59,6 +60,36 @@ def test_report_puts_paper_numbers_beside_ours(result, tmp_path):
     assert "| quantity | ours | paper | rel. error |" in text
     rows = {what: err for what, _, _, err in comparison_rows(result)}
     assert abs(rows["Table 1 decode_ratio"]) < 0.15
+
+
+def test_checks_cover_every_claim_and_fitted_targets_hold(result):
+    rows = {r["check"]: r for r in result["checks"]}
+    assert len(rows) == len(result["checks"])
+    for r in rows.values():
+        assert {"ours", "paper", "tolerance", "holds", "fitted"} <= set(r)
+    for name in ("GG-Host", "GG-Direct", "GN-HAWK"):
+        assert f"chatbot knee {name}" in rows
+    assert "chatbot GN-Host never reaches 90% attainment" in rows
+    assert "chatbot Table 8 cost_ratio" in rows and not rows["chatbot Table 8 cost_ratio"]["fitted"]
+    # the transfer and Table 1 claims do not depend on sweep settings: they hold on quick ones
+    for what, r in rows.items():
+        if what.startswith(("Fig 9", "Table 1")):
+            assert r["holds"], what
+
+
+def test_checks_fail_when_the_numbers_do(result):
+    from sim.paper_checks import checks
+
+    bent = copy.deepcopy(result)
+    bent["knees"]["chatbot"].update({"GG-Host": 0.6, "GN-Host": 0.3})
+    bent["table1"]["decode_ratio"] = 1.16 * 1.2
+    bent["sweeps"]["summarization"]["GN-Direct"]["num_failed_out_of_memory"] = 0
+    bent["sweeps"]["chatbot"]["GN-Direct"]["num_failed_out_of_memory"] = 0
+    rows = {r["check"]: r["holds"] for r in checks(bent)}
+    assert not rows["chatbot knee GG-Host"]
+    assert not rows["chatbot GN-Host never reaches 90% attainment"]
+    assert not rows["Table 1 decode_ratio"]
+    assert not rows["single buffer (GN-Direct) fails requests out of memory under serving load"]
 
 
 def test_notebook_executes():

@@ -1,0 +1,111 @@
+"""Each claim of PAPER.md section 6 as a check on a ``run_paper`` result: holds or not.
+
+``checks(result)`` returns one row per claim: what it says, our value, the paper's, the
+tolerance, whether it holds, and whether the paper profile was fitted to it (``fitted``: a
+CALIBRATED value in sim/profiles/paper.toml was chosen to hit it) or it is a prediction.
+Tolerances are the issue's: knees within +-0.05 req/s, ratios within 15% relative.
+"""
+
+from __future__ import annotations
+
+import math
+
+KNEE_TOLERANCE = 0.05      # req/s
+RATIO_TOLERANCE = 0.15     # relative
+THROUGHPUT_GAP = 0.02      # GN-HAWK within 2% of GG-Direct's output throughput at the knee
+
+#: targets the paper profile was fitted to (each CALIBRATED entry names one)
+FITTED = {
+    "Fig 9 GN-Host/GG-Host at 10 MB", "Fig 9 GN-Host/GG-Host at 1280 MB",
+    "Fig 9 GG-Direct/GG-Host at 10 MB", "Fig 9 GG-Direct/GG-Host at 1280 MB",
+    "Fig 9 GN-HAWK/GG-Host at 10 MB",
+    "Table 1 prefill_ratio", "Table 1 decode_ratio", "Table 1 decode_power_ratio",
+    "Table 1 decode_cost_ratio",
+    "chatbot knee GG-Direct", "chatbot knee GG-Host",
+}
+
+
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _row(what: str, ours, paper, tolerance: str, holds: bool) -> dict:
+    return {"check": what, "ours": ours, "paper": paper, "tolerance": tolerance,
+            "holds": bool(holds), "fitted": what in FITTED}
+
+
+def _ratio(what: str, ours, paper) -> dict:
+    ok = _finite(ours) and abs(ours / paper - 1) <= RATIO_TOLERANCE
+    return _row(what, ours, paper, "15% relative", ok)
+
+
+def checks(result: dict) -> list[dict]:
+    t, out = result["targets"], []
+    fig9 = {(r["size_mb"], r["mechanism"]): r["normalized"] for r in result["fig9"]}
+    sizes = sorted({r["size_mb"] for r in result["fig9"]})
+    for mech, (small, large) in t["fig9"].items():
+        for size, paper in ((sizes[0], small), (sizes[-1], large)):
+            out.append(_ratio(f"Fig 9 {mech}/GG-Host at {size} MB", fig9.get((size, mech)), paper))
+    for key, paper in t["table1"].items():
+        out.append(_ratio(f"Table 1 {key}", result["table1"][key], paper))
+    for workload, knees in t["knees"].items():
+        ours_knees = result["knees"].get(workload, {})
+        for name, paper in knees.items():
+            ours = ours_knees.get(name)
+            if _finite(paper):
+                ok = _finite(ours) and abs(ours - paper) <= KNEE_TOLERANCE + 1e-9
+                out.append(_row(f"{workload} knee {name}", ours, paper, "+-0.05 req/s", ok))
+            else:
+                out.append(_row(f"{workload} {name} never reaches 90% attainment", ours,
+                                None, "no knee on the rate grid", not _finite(ours)))
+        out += _serving_claims(result, workload)
+    for workload, ratios in t["efficiency"].items():
+        for key, paper in ratios.items():
+            out.append(_ratio(f"{workload} Table 8 {key}",
+                              result["efficiency"].get(workload, {}).get(key), paper))
+    for workload, paper in t["throughput_gap"].items():
+        tput = result["throughput_at_knee"].get(workload, {})
+        hawk, gg = tput.get("GN-HAWK"), tput.get("GG-Direct")
+        ours = hawk / gg - 1 if _finite(hawk) and _finite(gg) and gg else None
+        out.append(_row(f"{workload} GN-HAWK throughput at knee vs GG-Direct", ours, paper,
+                        f"within {THROUGHPUT_GAP:.0%}", ours is not None
+                        and abs(ours) <= THROUGHPUT_GAP))
+    out.append(_single_buffer(result))
+    return out
+
+
+def _serving_claims(result: dict, workload: str) -> list[dict]:
+    """Orderings, TTFT and TPOT claims of PAPER.md 6 for one workload's sweeps."""
+    from traces.workloads import WORKLOADS
+
+    sweeps = result["sweeps"].get(workload, {})
+    if not {"GG-Host", "GN-Host", "GG-Direct", "GN-HAWK"} <= set(sweeps):
+        return []
+    spec = WORKLOADS[workload]
+    knee = {n: (r["knee_rate"] if _finite(r["knee_rate"]) else 0.0) for n, r in sweeps.items()}
+    rows = {n: r["rows"] for n, r in sweeps.items()}
+    out = [_row(f"{workload} knees: GG-Direct >= GN-HAWK > GG-Host > GN-Host",
+                [knee[n] for n in ("GG-Direct", "GN-HAWK", "GG-Host", "GN-Host")], None,
+                "never = 0", knee["GG-Direct"] >= knee["GN-HAWK"] > knee["GG-Host"]
+                > knee["GN-Host"])]
+    low = rows["GN-Host"][0]
+    out.append(_row(f"{workload} GN-Host P90 TTFT misses the SLO at the lowest rate "
+                    f"({low['rate']} req/s)", low["ttft_p90_s"], spec.ttft_slo_s,
+                    "> SLO", low["ttft_p90_s"] > spec.ttft_slo_s))
+    worst = max(r["tpot_p90_s"] for n in ("GG-Direct", "GN-HAWK") for r in rows[n])
+    out.append(_row(f"{workload} GG-Direct and GN-HAWK P90 TPOT under the SLO at every rate",
+                    worst, spec.tpot_slo_s, "< SLO", worst < spec.tpot_slo_s))
+    for staged, direct in (("GG-Host", "GG-Direct"), ("GN-Host", "GN-HAWK")):
+        pairs = list(zip(rows[staged], rows[direct]))
+        higher = sum(a["tpot_p90_s"] > b["tpot_p90_s"] for a, b in pairs)
+        out.append(_row(f"{workload} {staged} P90 TPOT above {direct}'s",
+                        f"{higher}/{len(pairs)} rates", None, "at every rate",
+                        higher == len(pairs)))
+    return out
+
+
+def _single_buffer(result: dict) -> dict:
+    counts = {w: r["GN-Direct"].get("num_failed_out_of_memory", 0)
+              for w, r in result["sweeps"].items() if "GN-Direct" in r}
+    return _row("single buffer (GN-Direct) fails requests out of memory under serving load",
+                counts, None, "> 0 in some workload", sum(counts.values()) > 0)

@@ -97,7 +97,8 @@ def _progress(total: int, enabled: bool):
 
 
 def summarize_sweep(points: list[SweepPoint], target: float = 0.9) -> dict:
-    """Per-rate means over seeds, and the knee."""
+    """Per-rate means over seeds, the knee of those means, and each seed's own knee (the
+    spread shows how much one seed's arrivals move it)."""
     rates = sorted({p.rate for p in points})
     rows = []
     for rate in rates:
@@ -109,9 +110,14 @@ def summarize_sweep(points: list[SweepPoint], target: float = 0.9) -> dict:
         rows.append(row)
     knee = metrics.knee([r["rate"] for r in rows], [r["slo_attainment"] for r in rows], target)
     at_knee = next((r for r in rows if r["rate"] == knee), None)
+    by_seed = {}
+    for seed in sorted({p.seed for p in points}):
+        mine = [p for p in points if p.seed == seed]
+        by_seed[seed] = metrics.knee([p.rate for p in mine],
+                                     [p.summary["slo_attainment"] for p in mine], target)
     return {"target": target, "knee_rate": knee,
             "output_tokens_per_s_at_knee": at_knee["output_tokens_per_s"] if at_knee else None,
-            "rows": rows}
+            "knee_by_seed": by_seed, "rows": rows}
 
 
 def plot_sweep(summary: dict, path, title: str = "") -> None:

@@ -42,3 +42,22 @@ def test_failed_and_unfinished_requests_count_as_misses():
 def test_knee_is_the_highest_rate_meeting_the_target():
     assert metrics.knee([0.1, 0.2, 0.3, 0.4], [1.0, 0.95, 0.91, 0.5]) == 0.3
     assert math.isnan(metrics.knee([0.1, 0.2], [0.5, 0.4]))
+
+
+def test_sweep_summary_knee_of_means_and_of_each_seed():
+    from sim.sweep import SweepPoint, summarize_sweep
+
+    summary = {0: [1.0, 0.95, 0.91, 0.5], 1: [1.0, 0.89, 0.93, 0.7]}
+    points = [SweepPoint(rate, seed, {"slo_attainment": att[k], "ttft_p90_s": 1.0,
+                                      "tpot_p90_s": 0.1, "output_tokens_per_s": rate,
+                                      "num_failed": 0})
+              for seed, att in summary.items() for k, rate in enumerate([0.1, 0.2, 0.3, 0.4])]
+    out = summarize_sweep(points)
+    assert out["knee_by_seed"] == {0: 0.3, 1: 0.3}
+    assert out["knee_rate"] == 0.3                    # means 1.0, 0.92, 0.92, 0.6
+    assert [r["slo_attainment"] for r in out["rows"]] == pytest.approx([1.0, 0.92, 0.92, 0.6])
+    summary[1][2] = 0.85
+    points = [SweepPoint(p.rate, p.seed, {**p.summary, "slo_attainment": summary[p.seed][
+        [0.1, 0.2, 0.3, 0.4].index(p.rate)]}) for p in points]
+    out = summarize_sweep(points)
+    assert out["knee_by_seed"] == {0: 0.3, 1: 0.1} and out["knee_rate"] == 0.2

@@ -159,11 +159,11 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     summary["sim_wall_time_s"] = wall
     summary["simulated_time_s"] = float(env.now)
     stats = {
-        "prefill_busy_s": [p.busy_time for p in prefills],
+        "prefill_busy_s": [p.busy_within(env.now) for p in prefills],
         "prefill_batches": [p.num_batches for p in prefills],
-        "decode_busy_s": [d.busy_time for d in decodes],
+        "decode_busy_s": [d.busy_within(env.now) for d in decodes],
         "decode_iterations": [d.num_iterations for d in decodes],
-        "link_busy_s": link.busy_time,
+        "link_busy_s": link.busy_within(env.now),
         "link_bytes": link.bytes_moved,
         "prefill_buffer_blocks": prefill_blocks,
         "decode_capacity_blocks": decode_blocks,

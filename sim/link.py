@@ -41,6 +41,16 @@ class KVLink:
         self.bytes_moved = 0.0
         self.busy_time = 0.0        # time with at least one transfer on the wire
 
+    def busy_within(self, t: float) -> float:
+        """Seconds of [0, t] with a transfer on the wire, for ``t`` = now (the end of a run,
+        cut or not): ``busy_time`` settles lazily, at completions."""
+        if self._active or self._pending:
+            self._advance(t)                 # catch the shared clock up; changes no instant
+        busy = self.busy_time
+        if self._solo is not None:
+            busy += max(0.0, min(t, self._timer_at) - self._solo[0])
+        return busy
+
     @property
     def num_active(self) -> int:
         return len(self._active) + len(self._pending) + (self._solo is not None)

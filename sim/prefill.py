@@ -37,6 +37,7 @@ class PrefillInstance:
         self.num_batches = 0
         self._busy = False
         self._batch: tuple | list = ()     # the batch in progress (one at a time)
+        self._span = (0.0, 0.0)            # (start, end) of the latest batch
         self.source = None                # a router admitting arrivals lazily, or None
 
     def fits_many(self, prompts: np.ndarray) -> np.ndarray:
@@ -91,9 +92,16 @@ class PrefillInstance:
             start[i] = at
         duration = self.predictor.prefill_time(lens)
         self.busy_time += duration
+        self._span = (at, at + duration)
         self.num_batches += 1
         self._batch = batch
         Timeout(env, at - now + duration).callbacks.append(self._done)
+
+    def busy_within(self, t: float) -> float:
+        """Seconds of [0, t] spent in prefill batches, for ``t`` >= the latest batch's
+        admission (the end of a run): ``busy_time`` counts a batch whole when it is admitted."""
+        start, end = self._span
+        return self.busy_time - max(0.0, end - max(start, t))
 
     def _done(self, _timer) -> None:
         batch, now, end_at = self._batch, self.env.now, self.ledger.prefill_end_at

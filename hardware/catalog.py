@@ -109,19 +109,20 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes(kv_dtype)
 
 
-def dtype_bytes(name: str) -> float:
+def lookup(table, key, what: str):
+    """``table[key]``, or a ValueError naming the unknown ``what`` and the known keys."""
     try:
-        return DTYPE_BYTES[name]
+        return table[key]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPE_BYTES)}") from None
+        raise ValueError(f"unknown {what} {key!r}; choose one of {sorted(table)}") from None
+
+
+def dtype_bytes(name: str) -> float:
+    return lookup(DTYPE_BYTES, name, "dtype")
 
 
 def _weight_format(name: str) -> tuple[str, str, str]:
-    try:
-        return WEIGHT_FORMATS[name]
-    except KeyError:
-        raise ValueError(f"unknown weight format {name!r}; choose one of "
-                         f"{sorted(WEIGHT_FORMATS)}") from None
+    return lookup(WEIGHT_FORMATS, name, "weight format")
 
 
 @lru_cache(maxsize=None)
@@ -139,14 +140,8 @@ def models() -> dict[str, ModelSpec]:
 
 
 def device(key: str) -> DeviceSpec:
-    table = devices()
-    if key not in table:
-        raise ValueError(f"unknown device {key!r}; choose one of {sorted(table)}")
-    return table[key]
+    return lookup(devices(), key, "device")
 
 
 def model(key: str) -> ModelSpec:
-    table = models()
-    if key not in table:
-        raise ValueError(f"unknown model {key!r}; choose one of {sorted(table)}")
-    return table[key]
+    return lookup(models(), key, "model")

@@ -60,18 +60,17 @@ class DecodeInstance:
         self._timer_at = 0.0              # when the live timer fires
         self._timer_steps = 0             # iterations of the live run
         self._end = 0.0                   # when the live run ends (>= _timer_at)
-        self.busy_time = 0.0              # runs committed so far (up to _committed_to)
-        self._committed_to = 0.0
+        self.busy_time = 0.0              # runs committed so far (up to the live plan's start)
         self.num_iterations = 0
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in decode iterations, for ``t`` = now (the end of a run,
-        cut or not): committed runs, less the part of a run committed ahead to a boundary past
-        ``t``, plus the live run up to ``t``."""
-        busy = self.busy_time - max(0.0, self._committed_to - t)
-        if self._plan is not None:
-            busy += max(0.0, min(t, self._end) - self._plan[0])
-        return busy
+        cut or not). Runs are committed up to the live plan's start, which lies past ``t``
+        only when a run was committed ahead to its next boundary: then the term below is
+        negative and takes that part back; otherwise it adds the live run up to ``t``."""
+        if self._plan is None:
+            return self.busy_time
+        return self.busy_time + min(t, self._end) - self._plan[0]
 
     @property
     def load(self) -> int:
@@ -173,7 +172,6 @@ class DecodeInstance:
                 return                                 # the run's end is that boundary
             at = start + factor * t
             self.busy_time += at - start
-            self._committed_to = at
             self.num_iterations += done
             self.iteration += done
         self._admit_and_plan(at, now)
@@ -197,7 +195,6 @@ class DecodeInstance:
         now, ledger, running = self.env.now, self.ledger, self.running
         if self._plan is not None:
             self.busy_time += now - self._plan[0]
-            self._committed_to = now
             self.num_iterations += steps
         self.iteration += steps
         it = self.iteration

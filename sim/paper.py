@@ -22,6 +22,7 @@ from sim import cost as cost_mod
 from sim import power as power_mod
 from sim.config import RunConfig
 from sim.cluster import make_predictor
+from sim.paper_checks import checks
 from sim.predictor import load_profile_table
 from sim.transfer import MECHANISMS, isolated_latency, pricing_for, transfer_params
 
@@ -223,7 +224,5 @@ def run_paper(quick: bool = False, workers: int | None = None, profile: str = PR
                                                for n, r in res.items()}
         out["efficiency"][workload] = efficiency(res)
     out["targets"] = TARGETS
-    from sim.paper_checks import checks
-
     out["checks"] = checks(out)
     return out

@@ -31,30 +31,11 @@ def _pct(x) -> str:
 
 def comparison_rows(result: dict) -> list[tuple[str, float, float, float]]:
     """(what, ours, paper, relative error) for every target of PAPER.md section 6."""
-    t, rows = result["targets"], []
-    fig9 = {(r["size_mb"], r["mechanism"]): r["normalized"] for r in result["fig9"]}
-    sizes = sorted({r["size_mb"] for r in result["fig9"]})
-    for mech, (small, large) in t["fig9"].items():
-        for size, paper in ((sizes[0], small), (sizes[-1], large)):
-            ours = fig9.get((size, mech))
-            rows.append((f"Fig 9 {mech}/GG-Host at {size} MB", ours, paper, rel_err(ours, paper)))
-    for key, paper in t["table1"].items():
-        ours = result["table1"][key]
-        rows.append((f"Table 1 {key}", ours, paper, rel_err(ours, paper)))
-    for workload, knees in t["knees"].items():
-        for name, paper in knees.items():
-            ours = result["knees"].get(workload, {}).get(name)
-            rows.append((f"{workload} knee {name} (req/s)", ours, paper, rel_err(ours, paper)))
-    for workload, ratios in t["efficiency"].items():
-        for key, paper in ratios.items():
-            ours = result["efficiency"].get(workload, {}).get(key)
-            rows.append((f"{workload} Table 8 {key}", ours, paper, rel_err(ours, paper)))
-    for workload, paper in t["throughput_gap"].items():
-        tput = result["throughput_at_knee"].get(workload, {})
-        hawk, gg = tput.get("GN-HAWK"), tput.get("GG-Direct")
-        ours = hawk / gg - 1 if hawk and gg else None
-        rows.append((f"{workload} GN-HAWK vs GG-Direct throughput at knee", ours, paper, math.nan))
-    return rows
+    from sim.paper_checks import target_values
+
+    return [(what + (" (req/s)" if kind == "knee" else ""), ours, paper,
+             math.nan if kind == "gap" else rel_err(ours, paper))
+            for kind, what, ours, paper in target_values(result)]
 
 
 def markdown(result: dict) -> str:
@@ -210,10 +191,11 @@ def write_report(result: dict, out_dir) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plot_fig9(result, out / "fig9_transfer.png")
     for w in result["sweeps"]:
+        spec = WORKLOADS.get(w)
         plot_sweeps(result, w, "ttft_p90_s", "P90 TTFT (s)", out / f"fig10_ttft_{w}.png",
-                    line=WORKLOADS[w].ttft_slo_s if w in WORKLOADS else None)
+                    line=spec and spec.ttft_slo_s)
         plot_sweeps(result, w, "tpot_p90_s", "P90 TPOT (ms)", out / f"fig11_tpot_{w}.png",
-                    scale=1e3, line=1e3 * WORKLOADS[w].tpot_slo_s if w in WORKLOADS else None)
+                    scale=1e3, line=spec and 1e3 * spec.tpot_slo_s)
         plot_sweeps(result, w, "slo_attainment", "SLO attainment (%)",
                     out / f"fig12_attainment_{w}.png", scale=100.0, line=90.0)
     plot_efficiency(result, out / "fig13_efficiency.png")

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from hardware.catalog import DeviceSpec, ModelSpec, dtype_bytes
+from hardware.catalog import DeviceSpec, ModelSpec, dtype_bytes, lookup
 from hardware.dram import DramConfig, GiB
 from hardware.tiles import TILE, tile_format
 
@@ -66,11 +66,7 @@ MECHANISMS: dict[str, Mechanism] = {
 
 
 def mechanism(name: str) -> Mechanism:
-    try:
-        return MECHANISMS[name]
-    except KeyError:
-        raise ValueError(f"unknown transfer mechanism {name!r}; choose one of "
-                         f"{sorted(MECHANISMS)}") from None
+    return lookup(MECHANISMS, name, "transfer mechanism")
 
 
 @dataclass(frozen=True)

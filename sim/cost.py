@@ -13,18 +13,10 @@ Pure functions of ``(stats, summary, config, profile)``.
 
 from __future__ import annotations
 
-from sim.power import PHASES, run_energy
+from sim.power import PHASES, profile_of, run_energy
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
 J_PER_KWH = 3.6e6
-
-
-def _profile(config, profile):
-    if profile is not None:
-        return profile
-    from sim.predictor import load_profile_table
-
-    return load_profile_table(config.cluster.profile)
 
 
 def device_price(profile: dict, device: str) -> float:
@@ -44,7 +36,7 @@ def devices_of(config) -> list[tuple[str, int]]:
 
 def capex_usd(config, profile: dict | None = None) -> float:
     """Summed price of every device in the cluster."""
-    profile = _profile(config, profile)
+    profile = profile_of(config, profile)
     return sum(n * device_price(profile, dev) for dev, n in devices_of(config))
 
 
@@ -54,7 +46,7 @@ def tokens_per_s_per_dollar(summary: dict, config, profile: dict | None = None) 
 
 def capital_usd_per_s(config, profile: dict | None = None) -> float:
     """Dollars per second of holding the cluster (amortised or rented)."""
-    profile = _profile(config, profile)
+    profile = profile_of(config, profile)
     cost = profile.get("cost", {})
     mode = cost.get("model", "amortised")
     if mode == "amortised":
@@ -73,7 +65,7 @@ def capital_usd_per_s(config, profile: dict | None = None) -> float:
 
 def run_cost(stats: dict, summary: dict, config, profile: dict | None = None) -> dict:
     """Capital and energy dollars of a run, per successful request, and tokens/s per dollar."""
-    profile = _profile(config, profile)
+    profile = profile_of(config, profile)
     energy = run_energy(stats, summary, config, profile)
     span = energy["span_s"]
     capital = capital_usd_per_s(config, profile) * span

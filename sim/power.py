@@ -59,7 +59,8 @@ def power_model(profile: dict, device: str) -> PowerModel:
     return PowerModel(**{k: v for k, v in table[device].items() if k in names})
 
 
-def _profile(config, profile):
+def profile_of(config, profile=None) -> dict:
+    """``profile`` if given, else the tables of the config's profile."""
     if profile is not None:
         return profile
     from sim.predictor import load_profile_table
@@ -77,7 +78,7 @@ def device_energy_j(model: PowerModel, phase: str, busy_s: float, span_s: float)
 
 def run_energy(stats: dict, summary: dict, config, profile: dict | None = None) -> dict:
     """Energy of every device of a run, by phase; average power; output tokens per joule."""
-    profile = _profile(config, profile)
+    profile = profile_of(config, profile)
     span = float(summary["simulated_time_s"])
     out: dict = {"span_s": span}
     total = 0.0

@@ -120,6 +120,12 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_fig9(result: dict, path: Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -136,9 +142,7 @@ def plot_fig9(result: dict, path: Path) -> None:
     ax.set_ylabel("latency / GG-Host (x = paper)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_sweeps(result: dict, workload: str, key: str, ylabel: str, path: Path,
@@ -158,9 +162,7 @@ def plot_sweeps(result: dict, workload: str, key: str, ylabel: str, path: Path,
     ax.set_title(workload)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_efficiency(result: dict, path: Path) -> None:
@@ -178,9 +180,7 @@ def plot_efficiency(result: dict, path: Path) -> None:
     ax.set_xticks(list(x), labels, fontsize=6)
     ax.set_ylabel("GN-HAWK / baseline")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def write_report(result: dict, out_dir) -> Path:

@@ -170,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate one run (default: the paper's Chatbot scenario)")
     _add_common(p)
     p.add_argument("--rate", type=float, help="Poisson arrival rate, req/s (default 0.5)")
-    p.add_argument("--trace", type=Path, help="replay a trace file instead of Poisson arrivals")
+    p.add_argument("--trace", type=Path, help="replay a trace file instead of Poisson arrivals; "
+                   "a bare name may be a bundled trace: azure-llm-2023-conv.csv, "
+                   "azure-llm-2023-code.csv (traces/data/)")
     p.add_argument("--trace-format", help="trace format (default: detected from the header)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows, reported")
     p.add_argument("--oracle", action="store_true", help="iteration-by-iteration decode (slow)")

@@ -34,7 +34,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("replay", help="replay a trace open-loop against a live "
                                              "OpenAI-compatible streaming endpoint")
     p.add_argument("--endpoint", required=True, help="base URL, or a full .../completions URL")
-    p.add_argument("--trace", type=Path, required=True, help="trace file (any supported format)")
+    p.add_argument("--trace", type=Path, required=True,
+                   help="trace file (any supported format), or a bundled trace's name "
+                   "(azure-llm-2023-conv.csv, azure-llm-2023-code.csv)")
     p.add_argument("--trace-format", choices=FORMATS, help="default: detected from the header")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed rows, reported")
     p.add_argument("--filter", action="append", default=[], metavar="COLUMN=VALUE",

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from traces.bundled import resolve_trace
 from traces.trace import Trace
 
 FORMATS = ("azure", "burstgpt", "mooncake", "splitwise", "csv", "jsonl", "parquet")
@@ -142,7 +143,7 @@ def load_trace(path, format: str | None = None, *, skip_bad: bool = False,
                mapping: "ColumnMapping | dict | None" = None,
                filters: dict[str, Any] | None = None) -> tuple[Trace, LoadReport]:
     """Read ``path`` as ``format`` (None: detect) into a re-based ``Trace`` and its report."""
-    path = Path(path)
+    path = resolve_trace(path)          # a bare name may be a bundled trace (traces/data/)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such trace file")
     fmt = detect_format(path) if format is None else format

@@ -7,6 +7,7 @@ import json
 
 from hardware.mechanisms import MECHANISMS
 from hardware.transfer_bench import DEFAULT_SIZES_MB
+from traces.jsonout import dumps
 
 
 def _sizes(text: str) -> list[float]:
@@ -55,7 +56,7 @@ def cmd_transfer_bench(args) -> int:
     if args.json:
         keys = ("rows", "raw_socket_gb_per_s", "transport_gb_per_s", "transport_to_raw_socket",
                 "per_size", "transport", "device", "repeats")
-        print(json.dumps({k: report[k] for k in keys}))
+        print(dumps({k: report[k] for k in keys}))
     else:
         print(transfer_bench.format_table(report))
     return 0

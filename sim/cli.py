@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sim.config import ConfigError, RunConfig, load_config
 from sim.transfer import MECHANISMS
+from traces.jsonout import dumps, writable_dir, writable_file
 from traces.workloads import WORKLOADS
 
 EXTRA_COMMANDS = ("traces.commands", "hardware.commands", "sim.paper_commands")
@@ -100,6 +101,8 @@ def cmd_simulate(args) -> int:
     from traces.schema import write_records
 
     config = _config_from_args(args)
+    if args.out is not None:
+        writable_dir(args.out)
     trace = None
     if args.trace is not None:
         from traces.loaders import load_trace
@@ -114,11 +117,10 @@ def cmd_simulate(args) -> int:
     result = simulate(config, trace if trace is not None else workload_trace(config),
                       progress=not args.json)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
         write_records(result.records, args.out / "records.parquet")
-        (args.out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+        (args.out / "summary.json").write_text(dumps(result.summary, indent=2) + "\n")
     if args.json:
-        print(json.dumps(result.summary))
+        print(dumps(result.summary))
     else:
         print(format_summary(result.summary, config, args.trace.name if args.trace else None))
         if args.out is not None:
@@ -131,6 +133,8 @@ def cmd_sweep(args) -> int:
 
     config = _config_from_args(args)
     rates = parse_rates(args.rates)
+    if args.plot is not None:
+        writable_file(args.plot, "--plot")
     seeds = range(config.seed, config.seed + args.seeds)
     points = sweep(config, rates, seeds, workers=args.workers, progress=not args.json,
                    ray_address=args.ray)
@@ -139,7 +143,7 @@ def cmd_sweep(args) -> int:
         plot_sweep(summary, args.plot, title=f"{config.workload.name}: {config.cluster.prefill.device}"
                                               f" -> {config.cluster.decode.device}")
     if args.json:
-        print(json.dumps(summary))
+        print(dumps(summary))
         return 0
     print(f"{'rate':>8} {'attainment':>11} {'P90 TTFT s':>11} {'P90 TPOT s':>11} {'tok/s':>9}")
     for r in summary["rows"]:
@@ -158,7 +162,7 @@ def cmd_bench(args) -> int:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     report = bench.run(num_requests=args.num_requests, rate=args.rate, seed=args.seed,
                        repeats=args.repeats)
-    print(json.dumps(report) if args.json else bench.format_report(report))
+    print(dumps(report) if args.json else bench.format_report(report))
     return 0
 
 
@@ -211,6 +215,22 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"hawk {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        _quiet_stdout()     # the reader (``| head``) has what it wanted
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):   # stdout is not a real file (e.g. captured in tests)
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

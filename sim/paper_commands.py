@@ -12,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+from traces.jsonout import dumps, writable_dir
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("paper", help="reproduce the paper's results (paper profile)")
@@ -37,11 +39,13 @@ def handler(args) -> int:
     from sim.paper import run_paper
     from sim.report import comparison_rows, write_report
 
+    if args.out is not None:
+        writable_dir(args.out)
     result = run_paper(quick=args.quick, workers=args.workers)
     if args.out is not None:
         write_report(result, args.out)
     if args.json:
-        print(json.dumps(_clean(result)))
+        print(dumps(_clean(result)))
         return 0
     for what, ours, paper, err in comparison_rows(result):
         fmt = lambda x: "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"

@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+from traces.jsonout import dumps, writable_dir
+
 DEFAULT_TTFT_SLO_S = 2.0
 DEFAULT_TPOT_SLO_S = 0.2
 
@@ -132,13 +134,15 @@ def cmd_replay(args) -> int:
     config = ReplayConfig(args.endpoint, model=args.model, api=args.api, timeout_s=args.timeout,
                           prompt_token_id=args.prompt_token_id,
                           ignore_eos=not args.no_ignore_eos, api_key=api_key)
+    if args.out is not None:
+        writable_dir(args.out)
     result = replay(prepare_trace(args), config)
     if args.out is not None:
         summary = result.write(args.out, ttft_slo, tpot_slo)
     else:
         summary = result.summary(ttft_slo, tpot_slo)
     if args.json:
-        print(json.dumps(summary))
+        print(dumps(summary))
     else:
         print(format_replay_summary(summary))
         if args.out is not None:
@@ -153,7 +157,7 @@ def cmd_compare_runs(args) -> int:
     b = load_run(args.b, args.trace_format, args.skip_bad)
     ttft_slo, tpot_slo = slos(args, a.summary_file or b.summary_file)
     comparison = compare_runs(a, b, ttft_slo, tpot_slo)
-    print(json.dumps(comparison) if args.json else format_table(comparison))
+    print(dumps(comparison) if args.json else format_table(comparison))
     return 0
 
 

@@ -81,12 +81,11 @@ def test_rate_grid_errors_name_the_flag():
         parse_rates("1:0:0.1")
 
 
-AZURE = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023-conv.csv"
-
-
-@pytest.mark.skipif(not AZURE.exists(), reason="shared/data not beside the repository")
 def test_simulate_replays_a_real_trace(capsys):
-    summary = run_json(capsys, "simulate", "--trace", str(AZURE), "--num-requests", "400",
+    from traces.bundled import data_path
+
+    azure = data_path("azure-llm-2023-conv.csv")        # shipped in traces/data/
+    summary = run_json(capsys, "simulate", "--trace", str(azure), "--num-requests", "400",
                        "--json")
     assert summary["num_requests"] == 400
     assert summary["num_finished"] + summary["num_failed"] == 400

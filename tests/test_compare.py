@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from traces.bundled import data_dir
 from traces.compare import compare_runs, format_table, load_run, workload_stats
 from traces.schema import RequestRecord, Status, records_from_list, write_records
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_dir()                   # traces/data/, shipped with the package
 
 
 def make_records(ttft: float, tpot: float, n: int = 10, failed: int = 0, gap: float = 1.0):
@@ -74,8 +75,6 @@ def test_records_file_and_trace_files_are_runs_too(tmp_path):
     assert "-" in format_table(comparison)
 
 
-@pytest.mark.skipif(not (DATA / "azure-llm-2023-conv.csv").exists(),
-                    reason="real Azure traces not present in shared/data")
 def test_trace_vs_trace_on_the_real_azure_traces():
     conv = load_run(DATA / "azure-llm-2023-conv.csv")
     code = load_run(DATA / "azure-llm-2023-code.csv")

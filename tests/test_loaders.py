@@ -8,12 +8,10 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from traces.bundled import data_dir
 from traces.loaders import FORMATS, ColumnMapping, TraceFormatError, detect_format, load_trace
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-AZURE_CONV = DATA / "azure-llm-2023-conv.csv"
-needs_data = pytest.mark.skipif(not AZURE_CONV.exists(),
-                                reason=f"real Azure trace not found at {AZURE_CONV}")
+DATA = data_dir()                   # traces/data/, shipped with the package
 
 BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
 
@@ -28,7 +26,6 @@ def write_jsonl(tmp_path, name: str, records) -> Path:
     return write(tmp_path, name, "".join(json.dumps(r) + "\n" for r in records))
 
 
-@needs_data
 @pytest.mark.parametrize("name", ["conv", "code"])
 def test_azure_2023_real_trace_loads_whole(name):
     path = DATA / f"azure-llm-2023-{name}.csv"

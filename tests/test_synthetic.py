@@ -1,7 +1,5 @@
 """Synthetic workloads: arrival processes against theory, length sources, determinism."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import scipy.stats

@@ -1,4 +1,5 @@
-"""The paper's experiments (PAPER.md 6): Figure 9, Table 1, serving sweeps and Table 8.
+"""The paper's experiments (section 6 of HAWK, docs/paper.md): Figure 9, Table 1, serving
+sweeps and Table 8.
 
 Every number comes from the ``paper`` profile (sim/profiles/paper.toml) and the simulator:
 
@@ -7,7 +8,7 @@ Every number comes from the ``paper`` profile (sim/profiles/paper.toml) and the 
 - ``serving``: rate sweeps per workload and configuration (``sim.sweep``, in parallel), knee at
   90% SLO attainment, output throughput there, then power and cost at the knee.
 - ``run_paper``: all of it as one JSON-ready dict, next to the paper's figures (``TARGETS``),
-  with each claim of PAPER.md 6 checked (``sim.paper_checks``).
+  with each claim of the paper's section 6 checked (``sim.paper_checks``).
 
 Configurations set ``cluster.link.mechanism`` to a ``sim.transfer.MECHANISMS`` name: the
 simulator prices every transfer with that mechanism and uses its decode-side memory pool.
@@ -22,7 +23,7 @@ from sim import cost as cost_mod
 from sim import power as power_mod
 from sim.config import RunConfig
 from sim.cluster import make_predictor
-from sim.paper_checks import checks
+from sim.paper_checks import TARGETS, checks
 from sim.predictor import load_profile_table
 from sim.transfer import MECHANISMS, isolated_latency, pricing_for, transfer_params
 
@@ -40,17 +41,6 @@ CONFIGS = {
 }
 FIG9_MECHANISMS = ("GG-Host", "GN-Host", "GG-Direct", "GN-HAWK")
 FIG9_SIZES_MB = (10, 20, 40, 80, 160, 320, 640, 1280)
-
-#: PAPER.md section 6 (and 1 for Table 1); NaN = "never reaches 90%"
-TARGETS = {
-    "fig9": {"GN-Host": (8.91, 3.79), "GG-Direct": (0.6630, 0.1477), "GN-HAWK": (0.7725, 0.1469)},
-    "table1": {"prefill_ratio": 2.52, "decode_ratio": 1.16, "decode_power_ratio": 1.39,
-               "decode_cost_ratio": 5.88},
-    "knees": {"chatbot": {"GG-Host": 0.40, "GN-Host": math.nan, "GG-Direct": 0.65,
-                          "GN-HAWK": 0.65}},
-    "throughput_gap": {"chatbot": -0.0048},      # GN-HAWK vs GG-Direct at the knee
-    "efficiency": {"chatbot": {"power_ratio": 1.26, "cost_ratio": 1.72}},
-}
 
 
 def settings(profile: str = PROFILE) -> dict:

@@ -103,35 +103,77 @@ def cmd_simulate(args) -> int:
     config = _config_from_args(args)
     if args.out is not None:
         writable_dir(args.out)
-    trace = None
-    if args.trace is not None:
-        from traces.loaders import load_trace
-
-        trace, report = load_trace(args.trace, args.trace_format, skip_bad=args.skip_bad)
-        if not args.json:
-            print(report.describe(), file=sys.stderr)
-        if args.num_requests is not None:
-            trace = trace.head(args.num_requests)
-        if args.duration is not None:
-            trace = trace.until(args.duration)
+    trace, trace_info = _trace_for(args, config)
     result = simulate(config, trace if trace is not None else workload_trace(config),
                       progress=not args.json)
+    if trace_info is not None:
+        result.summary["trace"] = trace_info
     if args.out is not None:
         write_records(result.records, args.out / "records.parquet")
         (args.out / "summary.json").write_text(dumps(result.summary, indent=2) + "\n")
     if args.json:
         print(dumps(result.summary))
     else:
-        print(format_summary(result.summary, config, args.trace.name if args.trace else None))
+        print(format_summary(result.summary, config,
+                             Path(trace_info["path"]).name if trace_info else None))
         if args.out is not None:
             print(f"records and summary written to {args.out}/")
     return 0
+
+
+def _trace_for(args, config: RunConfig):
+    """The trace ``simulate`` replays (``--trace``, else the config's ``workload.trace``),
+    shaped by ``--window`` then ``--rate-scale`` and cut by ``--num-requests`` /
+    ``--duration``, with what loading and shaping did; ``(None, None)`` for Poisson arrivals.
+
+    Only the rows needed are read when no window is cut (``--num-requests`` streams)."""
+    from dataclasses import asdict
+
+    from traces.shaping import ShapeSpec, parse_window, shape
+
+    path = args.trace or (Path(config.workload.trace) if config.workload.trace else None)
+    if path is None:
+        for flag in ("--rate-scale", "--window"):
+            if getattr(args, flag[2:].replace("-", "_")) is not None:
+                raise ConfigError(f"{flag} shapes a trace's arrivals; give --trace (Poisson "
+                                  f"arrivals take --rate)")
+        return None, None
+    if args.rate is not None:
+        raise ConfigError(f"--rate sets a Poisson arrival rate, but the arrivals come from the "
+                          f"trace {path.name}; use --rate-scale to replay it faster or slower "
+                          f"(2 = twice the request rate)")
+    from traces.loaders import load_trace
+
+    from_flags = args.trace is not None
+    num = args.num_requests if from_flags else config.workload.num_requests
+    duration = args.duration if from_flags else config.workload.duration_s
+    start, end = parse_window(args.window)
+    spec = ShapeSpec(start_s=start, end_s=end,
+                     rate_scale=1.0 if args.rate_scale is None else args.rate_scale)
+    trace, report = load_trace(path, args.trace_format, skip_bad=args.skip_bad,
+                               max_requests=num if args.window is None else None)
+    trace, shaped = shape(trace, spec)
+    if num is not None:
+        trace = trace.head(num)
+    if duration is not None:
+        trace = trace.until(duration)
+    if len(trace) == 0:
+        raise ConfigError(f"{path}: no requests left to simulate after --window {args.window} "
+                          f"and --duration {duration} ({shaped.describe()})")
+    if not args.json:
+        print(report.describe() + "\n  shaping: " + shaped.describe(), file=sys.stderr)
+    return trace, {"path": str(path), "load": report.as_dict(), "shaping": asdict(shaped),
+                   "num_simulated": len(trace)}
 
 
 def cmd_sweep(args) -> int:
     from sim.sweep import parse_rates, plot_sweep, summarize_sweep, sweep
 
     config = _config_from_args(args)
+    if config.workload.trace is not None:
+        raise ConfigError(f"workload.trace = {config.workload.trace!r}: a sweep varies the "
+                          f"Poisson rate, which a trace's own arrivals replace; sweep "
+                          f"'hawk simulate --trace ... --rate-scale' instead")
     rates = parse_rates(args.rates)
     if args.plot is not None:
         writable_file(args.plot, "--plot")
@@ -179,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "azure-llm-2023-code.csv (traces/data/)")
     p.add_argument("--trace-format", help="trace format (default: detected from the header)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows, reported")
+    p.add_argument("--rate-scale", type=float, metavar="FACTOR",
+                   help="replay the trace FACTOR times as fast (2 = twice the request rate)")
+    p.add_argument("--window", metavar="START:END",
+                   help="seconds of the trace to keep (re-based to 0), before --rate-scale")
     p.add_argument("--oracle", action="store_true", help="iteration-by-iteration decode (slow)")
     p.add_argument("--out", type=Path, help="write records.parquet and summary.json here")
     p.set_defaults(func=cmd_simulate)

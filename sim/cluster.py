@@ -77,7 +77,7 @@ def workload_trace(config: RunConfig) -> Trace:
     if w.trace is not None:
         from traces.loaders import load_trace
 
-        trace, _report = load_trace(w.trace)
+        trace, _report = load_trace(w.trace, max_requests=w.num_requests)
         if w.num_requests is not None:
             trace = trace.head(w.num_requests)
         return trace.until(w.duration_s) if w.duration_s is not None else trace

@@ -27,31 +27,43 @@ The contract every format keeps:
   clipped or rewritten: a zero-token response is a bad row, not a one-token one.
 - ``filters={column: value or values}`` keeps only matching rows (counted as filtered, not
   as bad). Column names match ignoring case, spaces and underscores (``log_type``).
+- Every value is range-checked after parsing: token counts are whole numbers in
+  1..``MAX_TOKENS`` (ids 0..``MAX_REQUEST_ID``, exact in float64), arrivals finite, >= 0 and
+  small enough that float64 still resolves ``ARRIVAL_RESOLUTION_S`` at their magnitude
+  (1e17 s would silently round sub-second gaps away). Text that is not UTF-8, JSON nested
+  deeper than ``traces.readers.MAX_JSON_DEPTH`` or with a repeated key are bad rows too; a
+  header that repeats a column is refused.
+- ``max_requests=N`` reads only until N requests are kept (bad and filtered rows do not
+  count) and leaves the rest of the file unread: the first N good rows of the file, sorted,
+  which is the first N arrivals when the file is in arrival order (``LoadReport.read_to_end``
+  says whether the whole file was read).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from traces.bundled import resolve_trace
+from traces.readers import RawRows, TraceFormatError, first_line, open_rows
 from traces.trace import Trace
+
+__all__ = ["FORMATS", "ColumnMapping", "LoadReport", "TraceFormatError", "detect_format",
+           "load_trace"]
 
 FORMATS = ("azure", "burstgpt", "mooncake", "splitwise", "csv", "jsonl", "parquet")
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "datetime": None}
-
-
-class TraceFormatError(ValueError):
-    """A row of a trace file is malformed. ``where`` is ``line N`` or ``row N``."""
-
-    def __init__(self, path, where: str, field_name: str, problem: str):
-        self.path, self.where, self.field, self.problem = str(path), where, field_name, problem
-        super().__init__(f"{path}: {where}: field {field_name!r}: {problem}")
+#: most tokens one prompt or output may have (about 8x the longest context window served)
+MAX_TOKENS = 10_000_000
+#: largest request id: ids are read as float64, which holds integers exactly up to 2**53
+MAX_REQUEST_ID = 2**53
+#: the coarsest float64 spacing an arrival instant may have at its magnitude (1 us)
+ARRIVAL_RESOLUTION_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -108,41 +120,29 @@ class LoadReport:
     num_reordered: int = 0
     origin: str = ""
     notes: tuple[str, ...] = ()
+    read_to_end: bool = True
 
     def describe(self) -> str:
-        lines = [f"{self.path} ({self.format}): {self.num_loaded} of {self.num_rows} rows loaded; "
-                 f"first arrival ({self.origin}) re-based to 0.0 s"]
-        if self.num_filtered:
-            lines.append(f"  {self.num_filtered} rows left out by filters")
-        if self.num_skipped:
-            lines.append(f"  {self.num_skipped} bad rows skipped:")
-            lines += [f"    {n} x {reason}" for reason, n in sorted(self.skipped_reasons.items())]
-        if self.num_reordered:
-            lines.append(f"  {self.num_reordered} rows were out of arrival order and were sorted")
+        """Always says how many rows were skipped, sorted and filtered, even when none."""
+        read = "" if self.read_to_end else " read (the rest of the file was not needed)"
+        lines = [f"{self.path} ({self.format}): {self.num_loaded} of {self.num_rows} rows"
+                 f"{read} loaded; first arrival ({self.origin}) re-based to 0.0 s",
+                 f"  {self.num_skipped} bad rows skipped, {self.num_reordered} rows out of "
+                 f"arrival order sorted, {self.num_filtered} rows left out by filters"]
+        lines += [f"    {n} x {reason}" for reason, n in sorted(self.skipped_reasons.items())]
         lines += [f"  {note}" for note in self.notes]
         return "\n".join(lines)
 
-
-@dataclass
-class _Raw:
-    """Rows as read: object columns, their source lines and data-row indices."""
-
-    columns: dict[str, np.ndarray]
-    lines: np.ndarray           # [n] int64, 1-based line (or row) of each row
-    index: np.ndarray           # [n] int64, 0-based data-row index
-    unit: str                   # "line" or "row"
-    num_rows: int
-    bad: list[tuple[int, str, str, str]] = field(default_factory=list)  # (line, field, why, detail)
-
-    def take(self, keep: np.ndarray) -> "_Raw":
-        return _Raw({k: v[keep] for k, v in self.columns.items()}, self.lines[keep],
-                    self.index[keep], self.unit, self.num_rows, self.bad)
+    def as_dict(self) -> dict:
+        return {**asdict(self), "notes": list(self.notes)}
 
 
 def load_trace(path, format: str | None = None, *, skip_bad: bool = False,
                mapping: "ColumnMapping | dict | None" = None,
-               filters: dict[str, Any] | None = None) -> tuple[Trace, LoadReport]:
-    """Read ``path`` as ``format`` (None: detect) into a re-based ``Trace`` and its report."""
+               filters: dict[str, Any] | None = None,
+               max_requests: int | None = None) -> tuple[Trace, LoadReport]:
+    """Read ``path`` as ``format`` (None: detect) into a re-based ``Trace`` and its report;
+    with ``max_requests``, stop reading once that many requests are kept."""
     path = resolve_trace(path)          # a bare name may be a bundled trace (traces/data/)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such trace file")
@@ -151,15 +151,44 @@ def load_trace(path, format: str | None = None, *, skip_bad: bool = False,
         raise ValueError(f"trace format {fmt!r} is not one of {list(FORMATS)}")
     if mapping is not None and fmt not in ("csv", "jsonl", "parquet"):
         raise ValueError(f"mapping applies to csv, jsonl and parquet traces, not {fmt!r}")
-    raw = _READERS[_container(fmt)](path)
-    spec = _spec(fmt, raw, ColumnMapping.of(mapping), path)
-    raw, num_filtered = _apply_filters(raw, filters or {}, path)
-    values, bad = _convert(raw, spec, path, fmt)
-    problems = sorted(raw.bad + bad, key=lambda p: p[0])
+    if max_requests is not None and max_requests < 1:
+        raise ValueError(f"max_requests must be >= 1, got {max_requests}")
+    mapping = ColumnMapping.of(mapping)
+    blocks, parsed, problems, spec = [], [], [], None
+    num_rows = num_filtered = num_kept = 0
+    with open_rows(path, _container(fmt)) as rows:
+        while not rows.exhausted and (max_requests is None or num_kept < max_requests):
+            raw = rows.read(None if max_requests is None else max_requests - num_kept)
+            num_rows += raw.num_rows
+            problems += raw.bad
+            if len(raw.lines) == 0:          # nothing but bad rows (or none) in this block
+                _raise_first(problems, skip_bad, path, raw.unit)
+                continue
+            spec = spec or _spec(fmt, raw, mapping, path)
+            raw, filtered = _apply_filters(raw, filters or {}, path)
+            values, bad = _convert(raw, spec, path, fmt)
+            problems += bad
+            _raise_first(problems, skip_bad, path, raw.unit)
+            num_kept += len(raw.lines) - len({line for line, *_ in bad})
+            blocks.append(raw)
+            parsed.append(values)
+            num_filtered += filtered
+        read_to_end = rows.exhausted
+    if not num_kept:
+        raise ValueError(f"{path}: no requests left to load ({len(problems)} bad rows, "
+                         f"{num_filtered} filtered out of {num_rows})")
+    raw = RawRows.concat(blocks)
+    raw.num_rows = num_rows
+    values = {k: np.concatenate([v[k] for v in parsed]) for k in parsed[0]}
+    problems.sort(key=lambda p: p[0])
+    return _assemble(path, fmt, raw, values, problems, num_filtered, spec, read_to_end)
+
+
+def _raise_first(problems: list, skip_bad: bool, path: Path, unit: str) -> None:
+    """Raise the earliest problem found so far, unless bad rows are skipped."""
     if problems and not skip_bad:
-        line, name, why, detail = problems[0]
-        raise TraceFormatError(path, f"{raw.unit} {line}", name, f"{why}: {detail}")
-    return _assemble(path, fmt, raw, values, problems, num_filtered, spec)
+        line, name, why, detail = min(problems, key=lambda p: p[0])
+        raise TraceFormatError(path, f"{unit} {line}", name, f"{why}: {detail}")
 
 
 def detect_format(path) -> str:
@@ -169,12 +198,11 @@ def detect_format(path) -> str:
         import pyarrow.parquet as pq
 
         return _by_columns(pq.read_schema(path).names) or "parquet"
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        first = next((line for line in f if line.strip()), "")
+    first = first_line(path)
     if path.suffix.lower() in (".jsonl", ".json", ".ndjson") or first.lstrip().startswith("{"):
         try:
             keys = list(json.loads(first))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             raise TraceFormatError(path, "line 1", "json", "first record is not a JSON object")
         return "mooncake" if _has(keys, _SPECS["mooncake"]) else "jsonl"
     header = next(csv.reader([first]), [])
@@ -198,7 +226,7 @@ def _container(fmt: str) -> str:
     return {"mooncake": "jsonl", "jsonl": "jsonl", "parquet": "parquet"}.get(fmt, "csv")
 
 
-def _spec(fmt: str, raw: _Raw, mapping: ColumnMapping, path: Path) -> ColumnMapping:
+def _spec(fmt: str, raw: RawRows, mapping: ColumnMapping, path: Path) -> ColumnMapping:
     if fmt == "splitwise":
         spec = _VIDUR if _has(raw.columns, _VIDUR) else _SPLITWISE
     else:
@@ -211,65 +239,7 @@ def _spec(fmt: str, raw: _Raw, mapping: ColumnMapping, path: Path) -> ColumnMapp
     return spec
 
 
-def _read_csv(path: Path) -> _Raw:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if not header:
-            raise TraceFormatError(path, "line 1", "header", "file is empty")
-        rows, lines, index, bad, n = [], [], [], [], 0
-        for row in reader:
-            if not row:
-                continue
-            if len(row) != len(header):
-                bad.append((reader.line_num, "row", "wrong number of fields",
-                            f"expected {len(header)}, got {len(row)}"))
-            else:
-                rows.append(row)
-                lines.append(reader.line_num)
-                index.append(n)
-            n += 1
-    table = np.array(rows, dtype=object).reshape(len(rows), len(header))
-    columns = {name: table[:, j] for j, name in enumerate(header)}
-    return _Raw(columns, np.array(lines, np.int64), np.array(index, np.int64), "line", n, bad)
-
-
-def _read_jsonl(path: Path) -> _Raw:
-    records, lines, index, bad, n = [], [], [], [], 0
-    with open(path, encoding="utf-8-sig") as f:
-        for lineno, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except ValueError as exc:
-                record = exc
-            if isinstance(record, dict):
-                records.append(record)
-                lines.append(lineno)
-                index.append(n)
-            else:
-                bad.append((lineno, "json", "not a JSON object", str(record)[:60]))
-            n += 1
-    keys = dict.fromkeys(k for record in records for k in record)
-    columns = {k: np.array([r.get(k) for r in records] + [None], dtype=object)[:-1] for k in keys}
-    return _Raw(columns, np.array(lines, np.int64), np.array(index, np.int64), "line", n, bad)
-
-
-def _read_parquet(path: Path) -> _Raw:
-    import pandas as pd
-
-    frame = pd.read_parquet(path)
-    n = len(frame)
-    columns = {str(k): frame[k].to_numpy(dtype=object) for k in frame.columns}
-    return _Raw(columns, np.arange(1, n + 1, dtype=np.int64), np.arange(n, dtype=np.int64),
-                "row", n)
-
-
-_READERS = {"csv": _read_csv, "jsonl": _read_jsonl, "parquet": _read_parquet}
-
-
-def _apply_filters(raw: _Raw, filters: dict[str, Any], path: Path) -> tuple[_Raw, int]:
+def _apply_filters(raw: RawRows, filters: dict[str, Any], path: Path) -> tuple[RawRows, int]:
     keep = np.ones(len(raw.lines), dtype=bool)
     by_key = {_norm(k): k for k in raw.columns}
     for key, wanted in filters.items():
@@ -286,7 +256,7 @@ def _norm(name: str) -> str:
     return name.lower().replace(" ", "").replace("_", "")
 
 
-def _convert(raw: _Raw, spec: ColumnMapping, path: Path, fmt: str):
+def _convert(raw: RawRows, spec: ColumnMapping, path: Path, fmt: str):
     """Parse each mapped column; return values and (line, field, why, detail) problems."""
     values, problems = {}, []
     for name, column in spec.fields():
@@ -294,7 +264,8 @@ def _convert(raw: _Raw, spec: ColumnMapping, path: Path, fmt: str):
         if name == "arrival_at":
             parsed, why = _arrivals(source, spec.time_unit)
         else:
-            parsed, why = _integers(source, minimum=0 if name == "request_id" else 1)
+            parsed, why = _integers(source, *((0, MAX_REQUEST_ID) if name == "request_id"
+                                              else (1, MAX_TOKENS)))
         for i in np.flatnonzero(why != ""):
             problems.append((int(raw.lines[i]), column, str(why[i]), repr(source[i])))
         values[name] = parsed
@@ -317,11 +288,13 @@ def _numbers(source: np.ndarray) -> np.ndarray:
     return numbers
 
 
-def _integers(source: np.ndarray, minimum: int) -> tuple[np.ndarray, np.ndarray]:
+def _integers(source: np.ndarray, minimum: int,
+              maximum: int) -> tuple[np.ndarray, np.ndarray]:
     numbers = _numbers(source)
     why = np.full(len(source), "", dtype=object)
     with np.errstate(invalid="ignore"):
         why[numbers < minimum] = f"must be >= {minimum}"
+        why[numbers > maximum] = f"must be <= {maximum}"
         why[np.isfinite(numbers) & (numbers != np.round(numbers))] = "not an integer"
     why[~np.isfinite(numbers)] = "not a number"
     return np.where(why == "", numbers, 0).astype(np.int64), why
@@ -340,12 +313,18 @@ def _arrivals(source: np.ndarray, unit: str) -> tuple[np.ndarray, np.ndarray]:
         ns = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
         return np.where(bad, 0, ns), why
     numbers = _numbers(source)
+    scale = TIME_UNITS[unit]
+    with np.errstate(invalid="ignore"):
+        why[numbers < 0] = "must be >= 0"
+        why[np.spacing(np.abs(numbers)) * scale > ARRIVAL_RESOLUTION_S] = (
+            f"too large: float64 cannot keep {ARRIVAL_RESOLUTION_S:g} s resolution there")
     why[~np.isfinite(numbers)] = "not a finite number"
-    return np.where(why == "", numbers * TIME_UNITS[unit], 0.0), why
+    return np.where(why == "", numbers * scale, 0.0), why
 
 
-def _assemble(path: Path, fmt: str, raw: _Raw, values: dict, problems: list,
-              num_filtered: int, spec: ColumnMapping) -> tuple[Trace, LoadReport]:
+def _assemble(path: Path, fmt: str, raw: RawRows, values: dict, problems: list,
+              num_filtered: int, spec: ColumnMapping,
+              read_to_end: bool) -> tuple[Trace, LoadReport]:
     bad_lines = {line for line, *_ in problems}
     keep = np.array([line not in bad_lines for line in raw.lines], dtype=bool)
     if not keep.any():
@@ -374,7 +353,7 @@ def _assemble(path: Path, fmt: str, raw: _Raw, values: dict, problems: list,
     notes = ("hash_ids checked but not carried (the Trace has no prefix-hash column)",) \
         if fmt == "mooncake" and "hash_ids" in raw.columns else ()
     report = LoadReport(str(path), fmt, raw.num_rows, len(trace), len(seen), reasons,
-                        num_filtered, num_reordered, origin, notes)
+                        num_filtered, num_reordered, origin, notes, read_to_end)
     return trace, report
 
 

@@ -87,6 +87,24 @@ class ShapeReport:
         return "; ".join(parts)
 
 
+def parse_window(text: str | None, flag: str = "--window") -> tuple[float, float | None]:
+    """``"START:END"`` seconds (either may be empty: ``"60:"``, ``":120"``) -> (start, end)."""
+    if text is None:
+        return 0.0, None
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        start_s, end_s = float(start or 0.0), (float(end) if end else None)
+    except ValueError:
+        raise ValueError(f"{flag} takes START:END in seconds, got {text!r}") from None
+    if not (math.isfinite(start_s) and start_s >= 0):
+        raise ValueError(f"{flag} {text!r}: START must be finite and >= 0 seconds")
+    if end_s is not None and not (math.isfinite(end_s) and end_s > start_s):
+        raise ValueError(f"{flag} {text!r}: END must be finite and > START")
+    return start_s, end_s
+
+
 def window(trace: Trace, start_s: float = 0.0, end_s: float | None = None) -> Trace:
     """Requests arriving in [start_s, end_s), shifted so that start_s is 0.0."""
     keep = trace.arrival_at >= start_s

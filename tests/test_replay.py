@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("aiohttp", reason="the replay client needs aiohttp (extra 'replay')")
 
-from traces.replay import ReplayConfig, replay, request_body, synthetic_prompt  # noqa: E402
+from traces.prompts import PromptSpec  # noqa: E402
+from traces.replay import ReplayConfig, replay, request_body  # noqa: E402
 from traces.schema import Status, read_records  # noqa: E402
 from traces.trace import Trace  # noqa: E402
 
@@ -50,17 +51,23 @@ def fast_server():
 
 
 def test_prompt_and_body():
-    assert synthetic_prompt(3) == "hello hello hello"
-    body = request_body(ReplayConfig("http://h:1"), 4, 9)
-    assert body["prompt"] == "hello hello hello hello" and body["max_tokens"] == 9
+    body = request_body(ReplayConfig("http://h:1"), "a b c d", 9)
+    assert body["prompt"] == "a b c d" and body["max_tokens"] == 9
     assert body["ignore_eos"] is True and body["min_tokens"] == 9 and body["stream"] is True
-    body = request_body(ReplayConfig("http://h:1", prompt_token_id=42, ignore_eos=False), 3, 2)
-    assert body["prompt"] == [42, 42, 42] and "ignore_eos" not in body
-    chat = ReplayConfig("http://h:1/v1", api="chat")
+    assert "logprobs" not in body and "cache_prompt" not in body
+    ids = PromptSpec(kind="token_ids")
+    body = request_body(ReplayConfig("http://h:1", prompt=ids, ignore_eos=False, logprobs=True,
+                                     cache_prompt=False), [42, 43], 2)
+    assert body["prompt"] == [42, 43] and "ignore_eos" not in body
+    assert body["logprobs"] == 1 and body["cache_prompt"] is False
+    chat = ReplayConfig("http://h:1/v1", api="chat", logprobs=True)
     assert chat.url == "http://h:1/v1/chat/completions"
-    assert request_body(chat, 2, 1)["messages"][0]["content"] == "hello hello"
+    body = request_body(chat, "hello there", 1)
+    assert body["messages"][0]["content"] == "hello there" and body["logprobs"] is True
     with pytest.raises(ValueError, match="api 'embed' is not one of"):
         ReplayConfig("http://h:1", api="embed")
+    with pytest.raises(ValueError, match="token-id prompts need api='completions'"):
+        ReplayConfig("http://h:1", api="chat", prompt=ids)
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])

@@ -54,8 +54,19 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="default", help="model name sent in each request")
     p.add_argument("--api", choices=("completions", "chat"), default="completions")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request limit, seconds")
-    p.add_argument("--prompt-token-id", type=int,
-                   help="send prompts as N copies of this token id (exact counts)")
+    p.add_argument("--prompt-token-ids", metavar="LOW:HIGH",
+                   help="send prompts as lists of random token ids in [LOW, HIGH) (exact "
+                   "counts; completions API; engines whose prompt takes only strings refuse it)")
+    p.add_argument("--prompt-seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--shared-prefix-ratio", type=float, default=0.0, metavar="R",
+                   help="share the first R of every prompt's tokens (default 0: prompts are "
+                   "distinct from their first token, so no prefix cache skips prefill)")
+    p.add_argument("--logprobs", action="store_true",
+                   help="ask for one logprob per token: exact counts from engines without usage")
+    p.add_argument("--no-prompt-cache", action="store_true",
+                   help="send cache_prompt: false (llama-server's per-request prompt cache)")
+    p.add_argument("--max-duration", type=float, default=86_400.0, metavar="SECONDS",
+                   help="refuse a trace whose last arrival is later than this (default 1 day)")
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos/min_tokens (for servers that reject them)")
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable with a bearer key")
@@ -123,6 +134,13 @@ def prepare_trace(args):
 
 
 def cmd_replay(args) -> int:
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        print("hawk replay: needs aiohttp, which the 'replay' extra installs: "
+              "pip install -e .[replay]", file=sys.stderr)
+        return 2
+    from traces.prompts import PromptSpec
     from traces.replay import ReplayConfig, replay
 
     ttft_slo, tpot_slo = slos(args)
@@ -132,8 +150,12 @@ def cmd_replay(args) -> int:
         if api_key is None:
             raise ValueError(f"--api-key-env: environment variable {args.api_key_env} is not set")
     config = ReplayConfig(args.endpoint, model=args.model, api=args.api, timeout_s=args.timeout,
-                          prompt_token_id=args.prompt_token_id,
-                          ignore_eos=not args.no_ignore_eos, api_key=api_key)
+                          prompt=PromptSpec(**_prompt_kind(args.prompt_token_ids),
+                                            seed=args.prompt_seed,
+                                            shared_prefix_ratio=args.shared_prefix_ratio),
+                          ignore_eos=not args.no_ignore_eos, logprobs=args.logprobs,
+                          cache_prompt=False if args.no_prompt_cache else None,
+                          api_key=api_key, max_duration_s=args.max_duration)
     if args.out is not None:
         writable_dir(args.out)
     result = replay(prepare_trace(args), config)
@@ -178,12 +200,35 @@ def format_replay_summary(summary: dict) -> str:
              ("send lag p50/p99/max (s)", " / ".join(
                  fmt(f"send_lag_{q}_s") for q in ("p50", "p99", "max"))),
              ("output tokens/s", fmt("output_tokens_per_s")),
-             ("short outputs", summary["num_short_outputs"])]
-    failures = {k: v for k, v in summary["statuses"].items() if k != "ok"}
-    if failures:
-        rows.append(("failures", ", ".join(f"{k}: {v}" for k, v in failures.items())))
+             ("short outputs", summary["num_short_outputs"]),
+             ("statuses", _counts(summary["statuses"])),
+             ("finish reasons", _counts(summary.get("finish_reasons", {}))),
+             ("token counts from", _counts(summary.get("token_count_sources", {})))]
+    if summary.get("num_usage_mismatch"):
+        rows.append(("usage disagreeing with the stream", summary["num_usage_mismatch"]))
+    if summary.get("server_ttft_p50_s") is not None:
+        rows.append(("server TTFT p50/p99 (s)",
+                     f"{fmt('server_ttft_p50_s')} / {fmt('server_ttft_p99_s')}"))
+    if summary.get("server_prompt_tokens_evaluated") is not None:
+        rows.append(("prompt tokens evaluated (server)", summary["server_prompt_tokens_evaluated"]))
+    if summary.get("server_cached_tokens") is not None:
+        rows.append(("prompt tokens from cache (server)", summary["server_cached_tokens"]))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _counts(counts: dict) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in counts.items()) or "-"
+
+
+def _prompt_kind(text: str | None) -> dict:
+    if text is None:
+        return {"kind": "words"}
+    low, sep, high = text.partition(":")
+    try:
+        return {"kind": "token_ids", "token_id_low": int(low), "token_id_high": int(high)}
+    except ValueError:
+        raise ValueError(f"--prompt-token-ids takes LOW:HIGH token ids, got {text!r}") from None
 
 
 def _filters(items: list[str]) -> dict[str, list[str]]:

@@ -62,6 +62,12 @@ class Status(str, enum.Enum):
     FAILED_TIMEOUT = "failed_timeout"
     #: any other error reported by a backend or endpoint
     FAILED_ERROR = "failed_error"
+    #: a replayed stream ended early: no finish reason, fewer tokens than were forced, or the
+    #: transfer broke mid-stream (the tokens that did arrive are counted)
+    FAILED_TRUNCATED = "failed_truncated"
+    #: the replay client itself ran out of a resource (open files, ports, memory), so the
+    #: request says nothing about the server
+    FAILED_CLIENT = "failed_client"
     #: the run ended (``--duration``) before the request finished
     UNFINISHED = "unfinished"
 

@@ -1,15 +1,37 @@
-"""A small OpenAI-compatible streaming server with set delays: a stand-in endpoint.
+"""A small OpenAI-compatible streaming server with set delays and set misbehaviours.
 
 It serves ``POST /v1/completions`` and ``POST /v1/chat/completions`` with ``stream: true``,
 generating exactly ``max_tokens`` tokens (the word "tok"): the first ``ttft_s`` after the
 request arrives, token ``k`` at ``ttft_s + k * tpot_s`` (absolute instants, so delays do not
-drift), then a usage chunk and ``data: [DONE]``. Output lengths listed in ``fail_lengths``
-get HTTP 500; those in ``hang_lengths`` never answer (to exercise client timeouts); those in
-``garbage_lengths`` get one token, then an event whose data is JSON but not an object. It exists
-to check the replay client against known delays, and as a smoke-test target for ``hawk
-replay``::
+drift). The last token's chunk carries ``finish_reason: "length"``; then, when the request
+asked for ``stream_options.include_usage``, a usage chunk; then ``data: [DONE]``. With
+``logprobs`` asked, every chunk carries one logprob entry per token in it.
 
-    python -m traces.stub_server --port 8000 --ttft 0.05 --tpot 0.01
+Each behaviour a real engine shows can be switched on, by output length (so one server can mix
+them) or for every request:
+
+==========================  ==================================================================
+``fail_lengths``            HTTP 500
+``hang_lengths``            never answer (client timeouts)
+``garbage_lengths``         one token, then an event whose data is JSON but not an object
+``cut_lengths``             half the tokens, then ``data: [DONE]`` with no finish chunk and the
+                            connection dropped mid chunked transfer (llama-cpp-python cutting a
+                            stream when another request waits)
+``drop_lengths``            half the tokens, then the connection dropped, no ``[DONE]``
+``bad_usage_lengths``       ``usage.completion_tokens`` ten times the tokens sent
+``merge_utf8``              tokens 1 and 2 are the two halves of a UTF-8 character, sent as one
+                            chunk (as an engine holding back half a character does)
+``usage=False``             no usage chunk, even when asked (llama-cpp-python)
+``string_prompts_only``     HTTP 422 for a prompt that is a list of token ids
+``timings``                 llama-server's ``timings`` in the last chunk: prompt and predicted
+                            ms and counts, and ``cache_n``, the prompt tokens shared with the
+                            previous request's prompt (one slot's prefix cache)
+==========================  ==================================================================
+
+It exists to check the replay client against known delays and behaviours, and as a
+smoke-test target for ``hawk replay``::
+
+    python -m traces.stub_server --port 8000 --ttft 0.05 --tpot 0.01 --timings
 
 On start it prints one line, ``listening on http://HOST:PORT``, then serves until killed.
 """
@@ -19,8 +41,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from dataclasses import dataclass
+
+LENGTH_SETS = ("fail", "hang", "garbage", "cut", "drop", "bad_usage")
+MERGED = (" \u00e9",)   # one chunk, two tokens: the bytes c3 and a9 of one character
 
 
 @dataclass(frozen=True)
@@ -30,6 +56,13 @@ class StubConfig:
     fail_lengths: frozenset[int] = frozenset()
     hang_lengths: frozenset[int] = frozenset()
     garbage_lengths: frozenset[int] = frozenset()
+    cut_lengths: frozenset[int] = frozenset()
+    drop_lengths: frozenset[int] = frozenset()
+    bad_usage_lengths: frozenset[int] = frozenset()
+    merge_utf8: bool = False
+    usage: bool = True
+    string_prompts_only: bool = False
+    timings: bool = False
 
     def __post_init__(self) -> None:
         if self.ttft_s < 0 or self.tpot_s < 0:
@@ -39,28 +72,55 @@ class StubConfig:
 def make_app(config: StubConfig):
     from aiohttp import web
 
+    last_prompt: list = []      # the one slot's cached prompt (for ``timings.cache_n``)
+
     async def complete(request: web.Request) -> web.StreamResponse:
         arrived = asyncio.get_running_loop().time()
         body = await request.json()
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        chat = request.path.endswith("/chat/completions")
         if n in config.fail_lengths:
             return web.json_response({"error": {"message": f"refusing {n} tokens"}}, status=500)
+        if config.string_prompts_only and isinstance(body.get("prompt"), list):
+            return web.json_response({"detail": [{"loc": ["body", "prompt"],
+                                                  "msg": "str type expected"}]}, status=422)
         if n in config.hang_lengths:
             await asyncio.sleep(3600)
-        chat = request.path.endswith("/chat/completions")
+        prompt = _prompt_units(body, chat)
+        cached = _common_prefix(prompt, last_prompt)
+        last_prompt[:] = prompt
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         if n in config.garbage_lengths:
             await response.write(_event(_chunk(chat, "tok")) + b"data: [1, 2]\n\n")
             await response.write_eof()
             return response
-        for k in range(n):
-            await _sleep_until(arrived + config.ttft_s + k * config.tpot_s)
-            await response.write(_event(_chunk(chat, "tok" if k == 0 else " tok")))
-        usage = {"prompt_tokens": _prompt_tokens(body, chat), "completion_tokens": n,
-                 "total_tokens": _prompt_tokens(body, chat) + n}
-        await response.write(_event({"object": "completion.chunk", "choices": [],
-                                     "usage": usage}))
+        pieces = _pieces(n, config.merge_utf8)
+        stop = len(pieces) // 2 if n in config.cut_lengths | config.drop_lengths else len(pieces)
+        logprobs = bool(body.get("logprobs"))
+        sent = 0
+        for k, (text, tokens) in enumerate(pieces[:stop]):
+            sent += tokens
+            await _sleep_until(arrived + config.ttft_s + (sent - 1) * config.tpot_s)
+            last = k == len(pieces) - 1
+            chunk = _chunk(chat, text, tokens if logprobs else 0, "length" if last else None)
+            if last and config.timings:
+                chunk["timings"] = {"prompt_n": len(prompt) - cached, "cache_n": cached,
+                                    "prompt_ms": 1e3 * config.ttft_s, "predicted_n": n,
+                                    "predicted_ms": 1e3 * config.tpot_s * (n - 1)}
+            await response.write(_event(chunk))
+        if n in config.cut_lengths:
+            await response.write(b"data: [DONE]\n\n")
+        if stop < len(pieces):
+            request.transport.close()    # no terminating chunk: the transfer is cut
+            return response
+        stream_options = body.get("stream_options") or {}
+        if config.usage and stream_options.get("include_usage"):
+            done = 10 * n if n in config.bad_usage_lengths else n
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": done,
+                     "total_tokens": len(prompt) + done}
+            await response.write(_event({"object": "completion.chunk", "choices": [],
+                                         "usage": usage}))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -71,24 +131,47 @@ def make_app(config: StubConfig):
     return app
 
 
-def _chunk(chat: bool, text: str) -> dict:
+def _pieces(n: int, merge_utf8: bool) -> list[tuple[str, int]]:
+    """(text, tokens) per chunk: one token each, or tokens 1 and 2 merged into one chunk."""
+    pieces = [("tok" if k == 0 else " tok", 1) for k in range(n)]
+    if merge_utf8 and n >= 3:
+        pieces[1:3] = [(MERGED[0], 2)]
+    return pieces
+
+
+def _chunk(chat: bool, text: str, num_logprobs: int = 0, finish: str | None = None) -> dict:
     if chat:
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+        if num_logprobs:
+            choice["logprobs"] = {"content": [{"token": "tok", "logprob": -0.5}] * num_logprobs}
         return {"object": "chat.completion.chunk", "created": int(time.time()),
-                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
-    return {"object": "text_completion", "created": int(time.time()),
-            "choices": [{"index": 0, "text": text, "finish_reason": None}]}
+                "choices": [choice]}
+    choice = {"index": 0, "text": text, "finish_reason": finish}
+    if num_logprobs:
+        choice["logprobs"] = {"tokens": ["tok"] * num_logprobs,
+                              "token_logprobs": [-0.5] * num_logprobs}
+    return {"object": "text_completion", "created": int(time.time()), "choices": [choice]}
 
 
 def _event(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-def _prompt_tokens(body: dict, chat: bool) -> int:
+def _prompt_units(body: dict, chat: bool) -> list:
     """Words of a text prompt (the replay client's prompts are one token per word), or ids."""
     if chat:
-        return sum(len(m.get("content", "").split()) for m in body.get("messages", []))
+        return [w for m in body.get("messages", []) for w in str(m.get("content", "")).split()]
     prompt = body.get("prompt", "")
-    return len(prompt) if isinstance(prompt, list) else len(prompt.split())
+    return list(prompt) if isinstance(prompt, list) else str(prompt).split()
+
+
+def _common_prefix(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 async def _sleep_until(instant: float) -> None:
@@ -115,12 +198,24 @@ def main(argv=None) -> None:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
     parser.add_argument("--tpot", type=float, default=0.01, help="seconds between tokens")
-    parser.add_argument("--fail-lengths", type=int, nargs="*", default=[])
-    parser.add_argument("--hang-lengths", type=int, nargs="*", default=[])
-    parser.add_argument("--garbage-lengths", type=int, nargs="*", default=[])
+    for name in LENGTH_SETS:
+        parser.add_argument(f"--{name.replace('_', '-')}-lengths", type=int, nargs="*",
+                            default=[])
+    parser.add_argument("--merge-utf8", action="store_true", help="tokens 1 and 2 in one chunk")
+    parser.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
+    parser.add_argument("--string-prompts-only", action="store_true",
+                        help="HTTP 422 for token-id prompts")
+    parser.add_argument("--timings", action="store_true", help="llama-server-style timings")
     args = parser.parse_args(argv)
-    config = StubConfig(args.ttft, args.tpot, frozenset(args.fail_lengths),
-                        frozenset(args.hang_lengths), frozenset(args.garbage_lengths))
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        sys.exit("traces.stub_server needs aiohttp: pip install -e .[replay]")
+    config = StubConfig(args.ttft, args.tpot,
+                        **{f"{n}_lengths": frozenset(getattr(args, f"{n}_lengths"))
+                           for n in LENGTH_SETS},
+                        merge_utf8=args.merge_utf8, usage=not args.no_usage,
+                        string_prompts_only=args.string_prompts_only, timings=args.timings)
     try:
         asyncio.run(serve(config, args.host, args.port))
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 """Receive-side allocators on one NPU chip: where a request's incoming KV cache may land.
 
-``ReceiveAllocator`` is HAWK's layout-aware design (PAPER.md 4.2): the destination is the TT
+``ReceiveAllocator`` is HAWK's layout-aware design (docs/paper.md 4.2): the destination is the TT
 paged KV cache itself, one region per DRAM bank; a request reserves TT blocks (one contiguous
 run when it can, so the HAWK plan needs one write per bank and tensor) and every block spreads
 its pages over the banks, so banks fill evenly.

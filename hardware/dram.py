@@ -3,7 +3,7 @@
 An interleaved buffer (ttnn ``DRAM_MEMORY_CONFIG``) puts page ``p`` in bank ``p % N`` at
 ``base + bank_offset[bank] + (p // N) * align(page_bytes, A)``; every bank uses the same base.
 For any contiguous page range ``[P0, P1)`` each bank's share is one contiguous range of slots,
-which is what lets HAWK place a tensor with N writes instead of one per page (FACTS.md 3).
+which is what lets HAWK place a tensor with N writes instead of one per page (docs/facts.md 3).
 
 Offsets returned here are *within a bank* (``base + slot * aligned page``); the bank's own
 offset in the device address space (Wormhole: 1 GiB for odd banks) is added only by

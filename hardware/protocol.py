@@ -1,4 +1,4 @@
-"""Algorithm 1 (PAPER.md section 4) as a protocol between a prefill and a decode process.
+"""Algorithm 1 (docs/paper.md section 4) as a protocol between a prefill and a decode process.
 
 Control messages are length-prefixed JSON over TCP (framing, error answers and checksums in
 ``hardware.wire``), bound to 127.0.0.1 unless told otherwise, and every message carries a

@@ -1,7 +1,7 @@
 """Tenstorrent tile packing in PyTorch: the torch twin of ``hardware.tiles``, byte-exact with it.
 
 Tilizes ``[..., H, W]`` into 32x32 tiles and packs them as ``float32``, ``bfloat16`` (nearest
-even, NaN -> 0x7FC0), ``bfloat8_b`` or ``bfloat4_b`` (FACTS.md 2) on the tensor's own device.
+even, NaN -> 0x7FC0), ``bfloat8_b`` or ``bfloat4_b`` (docs/facts.md 2) on the tensor's own device.
 Block floats from a bfloat16 or float16 source are packed with a short float recipe
 (``_bfp_narrow``); other inputs, or groups the short recipe declines (inf, NaN, tiny shared
 exponents), take the integer recipe of ``hardware.tiles.bfp_encode`` (``_bfp_chunk``).
@@ -38,7 +38,7 @@ def bf16_bytes(tiles: torch.Tensor) -> torch.Tensor:
 
 
 def bfp_bytes(tiles: torch.Tensor, mag_bits: int, chunk: int = 512) -> torch.Tensor:
-    """float tiles ``[n, 1024]`` -> block-float bytes ``[n, 64 + codes]`` (FACTS.md 2).
+    """float tiles ``[n, 1024]`` -> block-float bytes ``[n, 64 + codes]`` (docs/facts.md 2).
 
     Works ``chunk`` tiles at a time, reusing the same scratch buffers.
     """

@@ -8,7 +8,7 @@ DRAM page.
 
 Tile formats (bytes per tile): ``float32`` 4096, ``bfloat16`` 2048 (round to nearest even),
 ``bfloat8_b`` 1088 and ``bfloat4_b`` 576 (64 shared exponent bytes, one per 16-element face
-row, then 8- or 4-bit sign-magnitude codes). See FACTS.md sections 1-2.
+row, then 8- or 4-bit sign-magnitude codes). See docs/facts.md sections 1-2.
 """
 
 from __future__ import annotations

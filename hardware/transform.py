@@ -1,4 +1,4 @@
-"""The transfer-aware transformation (HAWK, PAPER.md 4.3) in PyTorch, on the cache's own device.
+"""The transfer-aware transformation (docs/paper.md 4.3) in PyTorch, on the cache's own device.
 
 Per layer, K and V together, on the prefill GPU (or CPU when there is none):
   gather the request's GPU blocks -> concatenate tokens -> pad to the TT block size ->

@@ -1,7 +1,7 @@
 """Cost of a run: device prices, tokens/s per dollar, and cost per successful request.
 
 Prices are the profile's ``[price]`` table (US dollars per device, sourced there). Cost
-efficiency (PAPER.md 5) = output tokens/s over the summed price of all prefill and decode
+efficiency (docs/paper.md 5) = output tokens/s over the summed price of all prefill and decode
 devices. Cost per successful request = (capital + energy) over the run / requests finished:
 
 - capital: ``"amortised"``: price / (``lifetime_years`` in seconds) per device-second, or

@@ -11,7 +11,7 @@ Flow of one request (Algorithm 1 of the paper, decode side):
 3. At the next iteration boundary the request joins the batch; after ``n - 1`` iterations it
    finishes and its memory is released, which may let the next pending request be pulled.
 
-Fast-forward (DESIGN.md): between batch changes the batch is fixed, so the instance schedules
+Fast-forward (docs/design.md): between batch changes the batch is fixed, so the instance schedules
 one timer for the ``k`` iterations until the next finish, timed in closed form by the predictor
 (``decode_time``). A request landing mid-run, or a change of host slowdown, takes effect at the
 next iteration boundary (``decode_next_boundary``): the instance commits the run up to that

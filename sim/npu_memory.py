@@ -17,7 +17,7 @@ One interface (the decode instance calls it; "who calls what, when"):
 Pools, all in KV blocks of ``block_size`` tokens (prompt + output reserved whole):
 
 - ``BlockPool``: today's behaviour (a GPU paged cache; no banks).
-- ``HawkPool``: HAWK's layout-aware design (PAPER.md 4.2). Per-bank receive buffers are the
+- ``HawkPool``: HAWK's layout-aware design (docs/paper.md 4.2). Per-bank receive buffers are the
   NPU's interleaved paged cache itself: every block puts one slot in every bank, so banks fill
   evenly and a reservation only ever waits.
 - ``SingleBufferPool``: the rejected design. Each request's raw KV lands in one linear buffer

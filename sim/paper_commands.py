@@ -52,7 +52,7 @@ def handler(args) -> int:
         err_s = "n/a" if not math.isfinite(err) else f"{100 * err:+.1f}%"
         print(f"{what:55s} ours {fmt(ours):>9s}  paper {fmt(paper):>9s}  {err_s}")
     rows = result["checks"]
-    print(f"\n{sum(r['holds'] for r in rows)} of {len(rows)} claims of PAPER.md 6 hold")
+    print(f"\n{sum(r['holds'] for r in rows)} of {len(rows)} claims of the paper's section 6 hold")
     for r in rows:
         if not r["holds"]:
             print(f"  does not hold ({'fitted' if r['fitted'] else 'predicted'}): {r['check']}")

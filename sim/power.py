@@ -7,7 +7,7 @@ rest; a decode device likewise with ``decode_busy_s``. Utilisation = busy / T. S
 
     E_device = busy x prefill_or_decode_w x f_phase + (T - busy) x idle_w x f_idle
 
-summed over the ``tp`` devices of every instance. Power efficiency (PAPER.md 5, DESIGN.md)
+summed over the ``tp`` devices of every instance. Power efficiency (docs/paper.md 5, docs/design.md)
 = output tokens/s over the average summed ASIC power = output tokens per joule.
 
 Pure functions of ``(stats, summary, config, profile)``; no simulation state.

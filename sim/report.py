@@ -30,7 +30,7 @@ def _pct(x) -> str:
 
 
 def comparison_rows(result: dict) -> list[tuple[str, float, float, float]]:
-    """(what, ours, paper, relative error) for every target of PAPER.md section 6."""
+    """(what, ours, paper, relative error) for every target of the paper's section 6."""
     from sim.paper_checks import target_values
 
     return [(what + (" (req/s)" if kind == "knee" else ""), ours, paper,
@@ -41,7 +41,7 @@ def comparison_rows(result: dict) -> list[tuple[str, float, float, float]]:
 def markdown(result: dict) -> str:
     lines = ["# HAWK paper reproduction (simulated)", "",
              f"Profile `{result['profile']}`; quick settings: {result['quick']}.", "",
-             "## Targets (PAPER.md section 6)", "", "| quantity | ours | paper | rel. error |",
+             "## Targets (the paper's section 6)", "", "| quantity | ours | paper | rel. error |",
              "|---|---|---|---|"]
     for what, ours, paper, err in comparison_rows(result):
         lines.append(f"| {what} | {_f(ours)} | {_f(paper)} | {_pct(err)} |")

@@ -1,4 +1,4 @@
-"""Transfer plans per mechanism: FACTS.md write counts, bounds, and what each plan moves."""
+"""Transfer plans per mechanism: docs/facts.md write counts, bounds, and what each plan moves."""
 
 import numpy as np
 import pytest

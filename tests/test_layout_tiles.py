@@ -1,4 +1,4 @@
-"""TILE layout and tile formats: golden ttnn bytes, FACTS.md worked examples, round trips."""
+"""TILE layout and tile formats: golden ttnn bytes, docs/facts.md worked examples, round trips."""
 
 from pathlib import Path
 

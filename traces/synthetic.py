@@ -117,7 +117,7 @@ class EmpiricalLengths:
 
     @classmethod
     def from_csv(cls, path, skip_bad: bool = False) -> "EmpiricalLengths":
-        """A CSV with ``input_tokens,output_tokens`` columns (the format of the bundled tables in traces/data).
+        """A CSV with ``input_tokens,output_tokens`` columns (as the tables in traces/data).
 
         A row with a length < 1 is an error naming its line, or with ``skip_bad`` left out.
         """

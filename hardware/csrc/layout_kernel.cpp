@@ -1,7 +1,7 @@
 // The HAWK transformation's per-layer pass on the CPU, fused: every page (one tile) is built
 // by reading its 32 tile rows straight from the layer's scattered GPU blocks and writing its
 // send row once, tilized and packed (bfloat16 / float32 bits as they are, or bfloat8_b /
-// bfloat4_b). Byte-exact with hardware.tiles (FACTS.md 1-2). Pages are visited in page order,
+// bfloat4_b). Byte-exact with hardware.tiles (docs/facts.md 1-2). Pages are visited in page order,
 // so the tiles of one TT block (the same 32 tokens) follow each other while those tokens are
 // in cache; their send rows (grouped by DRAM bank) are far apart, each written whole.
 //

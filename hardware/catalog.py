@@ -2,7 +2,9 @@
 
 The figures live in ``hardware/catalog/devices.toml`` and ``models.toml`` (with sources); this
 module reads them into frozen specs and derives sizes: parameters, weight bytes per device
-under a weight format, KV bytes per token under a KV dtype.
+under a weight format, KV bytes per token under a KV dtype. Each device also carries its
+serving engine's rules (``ServingRules``): the formats it can run and the defaults an instance
+on it takes for what its config leaves unset.
 """
 
 from __future__ import annotations
@@ -35,6 +37,51 @@ WEIGHT_FORMATS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: how a serving engine allocates its KV cache
+KV_ALLOCATIONS = ("free-memory", "fixed")
+
+
+@dataclass(frozen=True)
+class ServingRules:
+    """What a device's serving engine can run, and its defaults (the first format of each list).
+
+    ``kv_allocation`` "free-memory": the KV cache takes all memory left after the weights
+    (vLLM on GPUs; ``max_num_blocks`` is None); "fixed": the engine allocates
+    ``max_num_blocks`` blocks (the TT vLLM plugin)."""
+
+    weight_formats: tuple[str, ...]
+    kv_dtypes: tuple[str, ...]
+    block_size: int
+    block_multiple: int
+    max_batch_size: int
+    memory_utilization: float
+    kv_allocation: str
+    max_num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_formats", tuple(self.weight_formats))
+        object.__setattr__(self, "kv_dtypes", tuple(self.kv_dtypes))
+        bad = ([f for f in self.weight_formats if f not in WEIGHT_FORMATS]
+               + [d for d in self.kv_dtypes if d not in DTYPE_BYTES])
+        if bad or not self.weight_formats or not self.kv_dtypes:
+            raise ValueError(f"serving rules name unknown or no formats: {bad}")
+        if self.block_size % self.block_multiple:
+            raise ValueError(f"default block_size {self.block_size} is not a multiple of "
+                             f"block_multiple {self.block_multiple}")
+        if self.kv_allocation not in KV_ALLOCATIONS:
+            raise ValueError(f"kv_allocation {self.kv_allocation!r} must be one of "
+                             f"{list(KV_ALLOCATIONS)}")
+        if (self.kv_allocation == "fixed") != (self.max_num_blocks is not None):
+            raise ValueError("kv_allocation 'fixed' needs max_num_blocks, 'free-memory' none")
+
+    def defaults(self) -> dict:
+        """The instance settings a device gives every key its config leaves unset."""
+        return {"weight_format": self.weight_formats[0], "kv_dtype": self.kv_dtypes[0],
+                "block_size": self.block_size, "max_batch_size": self.max_batch_size,
+                "memory_utilization": self.memory_utilization,
+                "max_num_blocks": self.max_num_blocks}
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     key: str
@@ -47,6 +94,7 @@ class DeviceSpec:
     tp_link_gb_s: float
     price_usd: float
     source: str
+    serving: ServingRules
     dram_channels: int = 0        # NPU DRAM banks; 0 where the hardware interleaves itself
 
     @property
@@ -131,8 +179,20 @@ def _table(filename: str) -> dict:
     return tomllib.loads(text)
 
 
+@lru_cache(maxsize=None)
+def _devices() -> dict[str, DeviceSpec]:
+    out = {}
+    for key, value in _table("devices.toml").items():
+        try:
+            rules = ServingRules(**value.get("serving", {}))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"devices.toml [{key}.serving]: {exc}") from None
+        out[key] = DeviceSpec(key=key, **{**value, "serving": rules})
+    return out
+
+
 def devices() -> dict[str, DeviceSpec]:
-    return {key: DeviceSpec(key=key, **value) for key, value in _table("devices.toml").items()}
+    return dict(_devices())
 
 
 def models() -> dict[str, ModelSpec]:

@@ -61,11 +61,11 @@ def kv_capacity_blocks(config: RunConfig, inst: InstanceConfig) -> int:
             f"(memory_utilization {inst.memory_utilization}); raise tp or choose a smaller "
             f"weight_format")
     free = usable - weights
-    if inst.kv_cache_gb > 0:
+    if inst.kv_cache_gb:                # None or 0: no cap
         free = min(free, inst.kv_cache_gb * 1e9)
     block_bytes = model.kv_bytes_per_token(inst.kv_dtype) * inst.block_size
     blocks = int(free // block_bytes)
-    if inst.max_num_blocks > blocks:
+    if inst.max_num_blocks and inst.max_num_blocks > blocks:   # None or 0: memory decides
         raise ConfigError(f"cluster.{inst.role}.max_num_blocks = {inst.max_num_blocks}, but only "
                           f"{blocks} blocks of {block_bytes / 1e6:.2f} MB fit in the "
                           f"{free / 1e9:.1f} GB left for the KV cache")

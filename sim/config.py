@@ -1,15 +1,23 @@
 """Run configuration: small frozen dataclasses, validated on construction, loaded from TOML.
 
-A bad value raises ``ConfigError`` naming the field (dotted path) and the allowed range. The
+A bad value raises ``ConfigError`` naming the field (dotted path) and the allowed values. The
 default configuration is the paper's Chatbot scenario: Llama 3.1 70B, one prefill instance of
 4x A100 PCIe (TP4), one decode instance of 4x Tenstorrent p150a (TP4), the KV cache moved by
 HAWK (GN-HAWK) over one 200 Gb/s HDR InfiniBand NIC, 8-bit KV (fp8 on the GPU, bfloat8_b on
 the NPU), Poisson arrivals at 0.5 req/s, SLOs TTFT 2 s / TPOT 200 ms, timed by the ``paper``
 profile (``sim/profiles/paper.toml``).
+
+Where a value comes from (``provenance``): every key a config sets is the user's; an instance
+takes every key it leaves unset (None) from its device's serving rules (``[<device>.serving]``
+in ``hardware/catalog/devices.toml``), except where the default scenario assumes otherwise on
+the scenario's own device (``SCENARIO``: 8-bit fp8 KV and 32 sequences on the A100 prefill).
+Naming another device drops those assumptions, so a config never carries one device's settings
+onto another. Everything else (TP4, one instance per phase, the workload) is the scenario's.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -22,6 +30,19 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from hardware.catalog import DTYPE_BYTES, WEIGHT_FORMATS, devices, models
+
+#: where a resolved value came from
+SOURCES = ("user", "device", "scenario")
+
+#: the default scenario, per role: its device and what it assumes there beyond the device's
+#: own defaults (paper profile [kv] and [serving]: 8-bit KV, 32 sequences per prefill batch)
+SCENARIO = {
+    "prefill": {"device": "a100-pcie", "kv_dtype": "fp8", "max_batch_size": 32},
+    "decode": {"device": "p150a"},
+}
+#: the scenario's instance settings that do not depend on the device (docs/paper.md 5: TP4)
+SCENARIO_ANY_DEVICE = {"tp": 4, "num_instances": 1, "max_batch_tokens": 8192,
+                       "kv_cache_gb": None}
 
 
 class ConfigError(ValueError):
@@ -36,33 +57,50 @@ def _check_range(where: str, name: str, value, low, high, integer: bool = False)
         raise ConfigError(f"{where}.{name} must be {kind} in [{low}, {high}], got {value!r}")
 
 
+def _check_str(where: str, name: str, value) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}.{name} must be a string, got {value!r}")
+
+
 def _check_choice(where: str, name: str, value, choices) -> None:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise ConfigError(f"{where}.{name} must be one of {sorted(choices)}, got {value!r}")
+
+
+def _check_bool(where: str, name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{name} must be true or false, got {value!r}")
 
 
 @dataclass(frozen=True)
 class InstanceConfig:
-    """One kind of serving instance: ``num_instances`` replicas of ``tp`` devices each."""
+    """One kind of serving instance: ``num_instances`` replicas of ``tp`` devices each.
 
-    device: str
-    tp: int = 4
-    num_instances: int = 1
-    max_batch_size: int = 128
-    max_batch_tokens: int = 8192        # prefill token budget per iteration (vLLM max_num_batched_tokens)
-    block_size: int = 16                # KV block size in tokens
-    kv_dtype: str = "bfloat16"
-    weight_format: str = "bfloat16"
-    memory_utilization: float = 0.9     # share of device memory for weights + KV (rest: activations)
-    kv_cache_gb: float = 0.0            # cap on KV memory in GB (prefill: the send buffer;
-                                        # decode: the KV pool); 0 = all free memory
-    max_num_blocks: int = 0             # KV blocks the serving engine allocates (TT vLLM's
-                                        # max_num_blocks); 0 = as many as memory holds
+    Every setting left None is resolved on construction (see the module docstring); after it
+    the fields hold the values the run uses and ``sources`` says where each came from. The
+    two caps may stay None: ``kv_cache_gb`` None (or 0) = no cap on KV memory;
+    ``max_num_blocks`` None (or 0) = as many blocks as memory holds (vLLM on a GPU)."""
+
+    device: str | None = None
+    tp: int | None = None
+    num_instances: int | None = None
+    max_batch_size: int | None = None
+    max_batch_tokens: int | None = None  # prefill token budget per iteration (max_num_batched_tokens)
+    block_size: int | None = None       # KV block size in tokens
+    kv_dtype: str | None = None
+    weight_format: str | None = None
+    memory_utilization: float | None = None  # share of device memory for weights + KV
+    kv_cache_gb: float | None = None    # cap on KV memory in GB (prefill: the send buffer;
+                                        # decode: the KV pool)
+    max_num_blocks: int | None = None   # KV blocks the engine allocates (TT vLLM's max_num_blocks)
     role: str = "instance"
 
     def __post_init__(self) -> None:
         w = f"cluster.{self.role}"
-        _check_choice(w, "device", self.device, devices())
+        values, sources = _resolve(self, w)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_sources", sources)
         _check_range(w, "tp", self.tp, 1, 64, integer=True)
         _check_range(w, "num_instances", self.num_instances, 1, 4096, integer=True)
         _check_range(w, "max_batch_size", self.max_batch_size, 1, 65536, integer=True)
@@ -71,8 +109,54 @@ class InstanceConfig:
         _check_choice(w, "kv_dtype", self.kv_dtype, DTYPE_BYTES)
         _check_choice(w, "weight_format", self.weight_format, WEIGHT_FORMATS)
         _check_range(w, "memory_utilization", self.memory_utilization, 0.05, 1.0)
-        _check_range(w, "kv_cache_gb", self.kv_cache_gb, 0.0, 1e6)
-        _check_range(w, "max_num_blocks", self.max_num_blocks, 0, 10**9, integer=True)
+        if self.kv_cache_gb is not None:
+            _check_range(w, "kv_cache_gb", self.kv_cache_gb, 0.0, 1e6)
+        if self.max_num_blocks is not None:
+            _check_range(w, "max_num_blocks", self.max_num_blocks, 0, 10**9, integer=True)
+        _check_pairing(self, w)
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """Setting -> "user", "device" or "scenario"."""
+        return dict(self._sources)
+
+
+SETTINGS = tuple(f.name for f in dataclasses.fields(InstanceConfig) if f.name != "role")
+
+
+def _resolve(inst: InstanceConfig, w: str) -> tuple[dict, dict]:
+    """Each setting's value and source: the user's, the scenario's on its device, the device's."""
+    given = {name: getattr(inst, name) for name in SETTINGS if getattr(inst, name) is not None}
+    scenario = SCENARIO.get(inst.role, {})
+    device = given.get("device", scenario.get("device"))
+    if device is None:
+        raise ConfigError(f"{w}.device must be set: one of {sorted(devices())}")
+    _check_choice(w, "device", device, devices())
+    assumed = scenario if device == scenario.get("device") else {}
+    device_defaults = devices()[device].serving.defaults()
+    values, sources = {}, {}
+    for name in SETTINGS:
+        for source, table in (("user", given), ("scenario", assumed),
+                              ("device", device_defaults), ("scenario", SCENARIO_ANY_DEVICE)):
+            if name in table:
+                values[name], sources[name] = table[name], source
+                break
+    return values, sources
+
+
+def _check_pairing(inst: InstanceConfig, w: str) -> None:
+    """Refuse a format or block size the instance's device cannot run, naming what it can."""
+    rules = devices()[inst.device].serving
+    for name, allowed in (("weight_format", rules.weight_formats),
+                          ("kv_dtype", rules.kv_dtypes)):
+        value = getattr(inst, name)
+        if value not in allowed:
+            raise ConfigError(f"{w}.{name} = {value!r} cannot run on {inst.device}; "
+                              f"{inst.device} runs {list(allowed)}")
+    if inst.block_size % rules.block_multiple:
+        raise ConfigError(f"{w}.block_size = {inst.block_size} cannot be tiled on "
+                          f"{inst.device}: it must be a multiple of {rules.block_multiple} "
+                          f"(default {rules.block_size})")
 
 
 @dataclass(frozen=True)
@@ -110,6 +194,8 @@ class WorkloadConfig:
                          integer=True)
         if self.duration_s is not None:
             _check_range("workload", "duration_s", self.duration_s, 1e-3, 1e9)
+        if self.trace is not None:
+            _check_str("workload", "trace", self.trace)
         if self.num_requests is None and self.duration_s is None and self.trace is None:
             raise ConfigError("workload needs num_requests, duration_s or trace")
 
@@ -124,21 +210,11 @@ class SloConfig:
         _check_range("slo", "tpot_s", self.tpot_s, 1e-6, 1e6)
 
 
-def _prefill_default() -> InstanceConfig:
-    return InstanceConfig(device="a100-pcie", max_batch_size=32, kv_dtype="fp8", role="prefill")
-
-
-def _decode_default() -> InstanceConfig:
-    # TT vLLM plugin: paged KV for 32 sequences x 2048 tokens in 32-token blocks (paper profile)
-    return InstanceConfig(device="p150a", max_batch_size=32, block_size=32, kv_dtype="bfloat8_b",
-                          weight_format="tt-mixed", max_num_blocks=2048, role="decode")
-
-
 @dataclass(frozen=True)
 class ClusterConfig:
     model: str = "llama-3.1-70b"
-    prefill: InstanceConfig = field(default_factory=_prefill_default)
-    decode: InstanceConfig = field(default_factory=_decode_default)
+    prefill: InstanceConfig = field(default_factory=lambda: InstanceConfig(role="prefill"))
+    decode: InstanceConfig = field(default_factory=lambda: InstanceConfig(role="decode"))
     link: LinkConfig = field(default_factory=LinkConfig)
     profile: str = "paper"
     routing: str = "round_robin"
@@ -149,8 +225,22 @@ class ClusterConfig:
         from policies.routing import ROUTING
 
         _check_choice("cluster", "model", self.model, models())
+        _check_str("cluster", "profile", self.profile)
         _check_choice("cluster", "routing", self.routing, ROUTING)
         _check_choice("cluster", "decode_routing", self.decode_routing, ROUTING)
+        _check_bool("cluster", "fast_forward", self.fast_forward)
+        for inst in (self.prefill, self.decode):
+            _check_heads(models()[self.model], inst)
+
+
+def _check_heads(model, inst: InstanceConfig) -> None:
+    """vLLM splits attention heads and KV heads evenly over the TP devices."""
+    for what, heads in (("attention heads", model.num_heads), ("KV heads", model.num_kv_heads)):
+        if heads % inst.tp:
+            raise ConfigError(
+                f"cluster.{inst.role}.tp = {inst.tp} does not divide {model.name}'s {heads} "
+                f"{what}; tensor parallelism needs a tp that divides {model.num_kv_heads} "
+                f"(KV heads) and {model.num_heads} (attention heads)")
 
 
 @dataclass(frozen=True)
@@ -164,12 +254,79 @@ class RunConfig:
         _check_range("run", "seed", self.seed, 0, 2**63 - 1, integer=True)
 
     def replace(self, **changes: Any) -> "RunConfig":
-        """A copy with dotted-path changes, e.g. ``replace(**{"workload.rate": 0.7})``."""
-        return from_dict(_merge(to_dict(self), _undot(changes)))
+        """A copy with dotted-path changes, e.g. ``replace(**{"workload.rate": 0.7})``.
+
+        The changes apply to what was set, not to what was resolved: changing a device drops
+        the settings its old device (or the scenario) had supplied."""
+        return from_dict(_merge(user_settings(self), _undot(changes)))
 
 
 def to_dict(config) -> dict:
+    """Every resolved value, nested as in the TOML file."""
     return dataclasses.asdict(config)
+
+
+def user_settings(config: RunConfig) -> dict:
+    """The settings the user gave, nested as in the TOML file (what ``replace`` starts from)."""
+    given = getattr(config, "_given", None)
+    if given is not None:
+        return copy.deepcopy(given)
+    default = _flatten(to_dict(RunConfig()))        # built in code: what differs, or was set
+    out = {k: v for k, v in _flatten(to_dict(config)).items()
+           if not _is_instance_key(k) and v != default.get(k)}
+    for role in ("prefill", "decode"):
+        inst = getattr(config.cluster, role)
+        out.update({f"cluster.{role}.{k}": getattr(inst, k)
+                    for k, s in inst.sources.items() if s == "user"})
+    return _undot(out)
+
+
+def provenance(config: RunConfig) -> dict[str, dict]:
+    """Every resolved value and where it came from: ``{"cluster.decode.kv_dtype": {"value":
+    "bfloat8_b", "source": "device"}, ...}`` (sources: ``SOURCES``)."""
+    given = _flatten(user_settings(config))
+    out = {}
+    for key, value in _flatten(to_dict(config)).items():
+        if key.endswith(".role"):
+            continue
+        if _is_instance_key(key):
+            role, name = key.split(".")[1:]
+            source = getattr(config.cluster, role).sources[name]
+        else:
+            source = "user" if key in given else "scenario"
+        out[key] = {"value": value, "source": source}
+    return out
+
+
+def format_provenance(config: RunConfig) -> str:
+    """``key = value  # source`` lines, TOML-like, for ``hawk simulate --show-config``."""
+    lines = [(f"{key} = {_toml(row['value'])}", row["source"])
+             for key, row in provenance(config).items()]
+    width = max(len(text) for text, _ in lines)
+    return "\n".join(f"{text:<{width}}  # {source}" for text, source in lines)
+
+
+def _toml(value) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def _is_instance_key(key: str) -> bool:
+    parts = key.split(".")
+    return len(parts) == 3 and parts[0] == "cluster" and parts[1] in ("prefill", "decode")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _undot(changes: dict) -> dict:
@@ -191,30 +348,37 @@ def _merge(base: dict, update: dict) -> dict:
     return out
 
 
-def _build(cls, data: dict, where: str, **fixed):
+def _table(data, where: str, names) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a table, got {data!r}")
-    names = {f.name for f in dataclasses.fields(cls)} - set(fixed)
-    unknown = set(data) - names
+    unknown = set(data) - set(names)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(names)}")
-    return cls(**data, **fixed)
+    return data
+
+
+def _build(cls, data, where: str, **fixed):
+    names = {f.name for f in dataclasses.fields(cls)} - set(fixed)
+    return cls(**_table(data, where, names), **fixed)
 
 
 def from_dict(data: dict) -> RunConfig:
-    """Build a ``RunConfig`` from nested dicts (TOML tables), defaults filling the gaps."""
-    data = _merge(to_dict(RunConfig()), data)
-    cluster = dict(data["cluster"])
+    """Build a ``RunConfig`` from nested dicts (TOML tables); unset keys are resolved."""
+    top = _table(data, "the configuration", {f.name for f in dataclasses.fields(RunConfig)})
+    cluster = dict(_table(top.get("cluster", {}), "cluster",
+                          {f.name for f in dataclasses.fields(ClusterConfig)}))
     for role in ("prefill", "decode"):
-        cluster[role] = _build(InstanceConfig, {k: v for k, v in cluster[role].items()
-                                                if k != "role"}, f"cluster.{role}", role=role)
-    cluster["link"] = _build(LinkConfig, cluster["link"], "cluster.link")
-    return _build(RunConfig, {
-        "cluster": _build(ClusterConfig, cluster, "cluster"),
-        "workload": _build(WorkloadConfig, data["workload"], "workload"),
-        "slo": _build(SloConfig, data["slo"], "slo"),
-        **{k: v for k, v in data.items() if k not in ("cluster", "workload", "slo")},
-    }, "run")
+        cluster[role] = _build(InstanceConfig, cluster.get(role, {}), f"cluster.{role}",
+                               role=role)
+    cluster["link"] = _build(LinkConfig, cluster.get("link", {}), "cluster.link")
+    config = RunConfig(**{
+        **{k: v for k, v in top.items() if k not in ("cluster", "workload", "slo")},
+        "cluster": ClusterConfig(**cluster),
+        "workload": _build(WorkloadConfig, top.get("workload", {}), "workload"),
+        "slo": _build(SloConfig, top.get("slo", {}), "slo"),
+    })
+    object.__setattr__(config, "_given", copy.deepcopy(data))
+    return config
 
 
 def load_config(path: str | Path) -> RunConfig:
@@ -224,7 +388,7 @@ def load_config(path: str | Path) -> RunConfig:
     try:
         with path.open("rb") as f:
             data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     try:
         return from_dict(data)

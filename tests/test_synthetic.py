@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from traces.bundled import data_dir
 from traces.synthetic import (ArrivalSpec, EmpiricalLengths, FittedLengths, WorkloadLengths,
                               arrival_times, fit_lengths, synthesize)
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_dir()                   # traces/data/, shipped with the package
 SEEDS = (0, 1, 2)
 
 
@@ -70,9 +71,7 @@ def test_empirical_lengths_keep_pairs():
     assert np.mean(prompt) == pytest.approx(743, rel=0.1)   # the table's documented mean
 
 
-@pytest.mark.skipif(not (DATA / "sharegpt-chatbot-lengths.csv").exists(),
-                    reason="shared/data length tables not present")
-def test_empirical_lengths_from_shared_csv_match_the_vendored_table():
+def test_empirical_lengths_from_the_bundled_csv_match_the_documented_table():
     path = DATA / "sharegpt-chatbot-lengths.csv"
     with pytest.raises(ValueError, match=r"line \d+: field 'output_tokens': must be >= 1"):
         EmpiricalLengths.from_csv(path)                     # the table has zero-token rows

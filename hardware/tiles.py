@@ -8,11 +8,15 @@ DRAM page.
 
 Tile formats (bytes per tile): ``float32`` 4096, ``bfloat16`` 2048 (round to nearest even),
 ``bfloat8_b`` 1088 and ``bfloat4_b`` 576 (64 shared exponent bytes, one per 16-element face
-row, then 8- or 4-bit sign-magnitude codes). See docs/facts.md sections 1-2.
+row, then 8- or 4-bit sign-magnitude codes). See docs/facts.md sections 1-2. Block floats
+decode by building float32 bits as ttnn does (``bfp_value_bits``), so a NaN or an infinity
+packed under a shared exponent of 255 reads back as ttnn reads it. ``tests/data`` holds ttnn's
+own bytes and values (``ttnn-golden.npz``, ``ttnn-nonfinite.npz``).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,18 +136,54 @@ def bfp_encode(tiles: np.ndarray, mag_bits: int) -> np.ndarray:
     return np.concatenate([shared.astype(np.uint8), codes], axis=1)
 
 
+def bfp_value_bits(shared, codes, mag_bits: int) -> np.ndarray:
+    """float32 bit patterns (uint32) that ttnn 0.81.1 decodes block-float ``codes`` to under
+    the shared exponent bytes ``shared`` (integer arrays that broadcast together).
+
+    A code is ``sign << mag_bits | q``. ttnn normalizes ``q``: with ``p`` its top set bit, the
+    value's exponent field is ``e = E - (mag_bits - 1) + p`` and its mantissa is the bits of
+    ``q`` below ``p``, moved to the top of the 23-bit field. So the value is
+    ``(-1)^sign * q * 2^(E - 127 - (mag_bits - 1))`` wherever ``1 <= e <= 254``, and the bits
+    are built, not computed: under ``E = 255`` the codes with the top bit set land on
+    ``e = 255``, so ``q = 2^(mag_bits-1)`` reads as +-inf and larger ``q`` as NaN (quiet when
+    bit ``mag_bits - 2`` of ``q`` is set); ``e = 0`` gives a denormal pattern (the mantissa
+    bits without the hidden one); ``e < 0`` gives +0.0. ``q = 0`` gives +-0.0 (the sign bit
+    as stored).
+    """
+    shared = np.asarray(shared, dtype=np.int32)
+    codes = np.asarray(codes, dtype=np.int32)
+    q = codes & ((1 << mag_bits) - 1)
+    sign = (codes >> mag_bits).astype(np.uint32) << 31
+    top = np.zeros_like(q)                                            # top set bit of q
+    for bit in range(1, mag_bits):
+        top += (q >> bit) > 0
+    exp = shared - (mag_bits - 1) + top
+    mant = ((q - (1 << top)) << (23 - top)) & 0x7FFFFF                # bits below the top one
+    bits = sign | (np.maximum(exp, 0).astype(np.uint32) << 23) | mant.astype(np.uint32)
+    return np.where(q == 0, sign, np.where(exp < 0, np.uint32(0), bits)).astype(np.uint32)
+
+
+@functools.cache
+def _decode_table(mag_bits: int) -> np.ndarray:
+    """``bfp_value_bits`` of every (exponent byte, code): uint32 [256 * 2^(mag_bits+1)],
+    indexed by ``E << (mag_bits + 1) | code``; read-only."""
+    num_codes = 1 << (mag_bits + 1)
+    table = bfp_value_bits(np.arange(256)[:, None], np.arange(num_codes)[None, :], mag_bits)
+    table = table.reshape(-1)
+    table.setflags(write=False)
+    return table
+
+
 def bfp_decode(data: np.ndarray, mag_bits: int) -> np.ndarray:
-    """``[n, tile_bytes]`` block-float bytes -> ``[n, 1024]`` float32."""
+    """``[n, tile_bytes]`` block-float bytes -> ``[n, 1024]`` float32, as ttnn decodes them
+    (``bfp_value_bits``: NaN and inf under an exponent byte of 255; no floating-point math)."""
     n = data.shape[0]
-    shared = data[:, :GROUPS].astype(np.int32)                       # [n, 64]
+    shared = data[:, :GROUPS].astype(np.intp) << (mag_bits + 1)       # [n, 64]
     codes = data[:, GROUPS:]
     if mag_bits == 3:
-        codes = np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(n, TILE_ELEMS)
-    codes = codes.reshape(n, GROUPS, FACE).astype(np.int32)
-    q = (codes & ((1 << mag_bits) - 1)).astype(np.float32)
-    sign = np.where(codes >> mag_bits, np.float32(-1), np.float32(1))
-    scale = (shared - 127 - (mag_bits - 1))[..., None]
-    return (sign * np.ldexp(q, scale).astype(np.float32)).reshape(n, TILE_ELEMS)
+        codes = np.stack([codes & 0xF, codes >> 4], axis=-1)         # low nibble first
+    index = codes.reshape(n, GROUPS, FACE) | shared[..., None]        # [n, 64, 16]
+    return _decode_table(mag_bits)[index].view(np.float32).reshape(n, TILE_ELEMS)
 
 
 # ---- public pack / unpack ------------------------------------------------------------------

@@ -61,7 +61,7 @@ TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "datetime": None}
 #: most tokens one prompt or output may have (about 8x the longest context window served)
 MAX_TOKENS = 10_000_000
 #: largest request id: ids are read as float64, which holds integers exactly up to 2**53
-MAX_REQUEST_ID = 2**53
+MAX_REQUEST_ID = 2**53 - 1
 #: the coarsest float64 spacing an arrival instant may have at its magnitude (1 us)
 ARRIVAL_RESOLUTION_S = 1e-6
 
@@ -301,7 +301,9 @@ def _integers(source: np.ndarray, minimum: int,
 
 
 def _arrivals(source: np.ndarray, unit: str) -> tuple[np.ndarray, np.ndarray]:
-    """Arrival instants as int64 nanoseconds (date-time) or float seconds, and problems."""
+    """Arrival instants as int64 nanoseconds (date-time) or floats in the file's own unit
+    (re-based before scaling to seconds, which keeps epoch-millisecond gaps exact), and
+    problems."""
     why = np.full(len(source), "", dtype=object)
     if unit == "datetime":
         import pandas as pd
@@ -319,7 +321,7 @@ def _arrivals(source: np.ndarray, unit: str) -> tuple[np.ndarray, np.ndarray]:
         why[np.spacing(np.abs(numbers)) * scale > ARRIVAL_RESOLUTION_S] = (
             f"too large: float64 cannot keep {ARRIVAL_RESOLUTION_S:g} s resolution there")
     why[~np.isfinite(numbers)] = "not a finite number"
-    return np.where(why == "", numbers * scale, 0.0), why
+    return np.where(why == "", numbers, 0.0), why
 
 
 def _assemble(path: Path, fmt: str, raw: RawRows, values: dict, problems: list,
@@ -338,8 +340,9 @@ def _assemble(path: Path, fmt: str, raw: RawRows, values: dict, problems: list,
         seconds = (arrivals - origin_value) / 1e9
         origin = str(np.datetime64(int(origin_value), "ns")) + "Z"
     else:
-        seconds = arrivals - origin_value
-        origin = f"{origin_value:.9g} s"
+        scale = TIME_UNITS[spec.time_unit]
+        seconds = (arrivals - origin_value) * scale
+        origin = f"{origin_value * scale:.9g} s"
     ids = values["request_id"][keep] if "request_id" in values else raw.index[keep]
     _check_unique(path, raw.unit, ids, raw.lines[keep], spec.request_id)
     trace = Trace(seconds[order], values["num_prompt_tokens"][keep][order],

@@ -54,6 +54,21 @@ def test_side_by_side_metrics_under_the_same_slos(tmp_path):
     assert table["offered_rate_per_s"] == pytest.approx((1.0, 1.0))
 
 
+def test_client_and_server_ttft_side_by_side_where_the_server_reports_timings(tmp_path):
+    sim = load_run(write_run(tmp_path / "sim", make_records(0.5, 0.05)))
+    real = load_run(write_run(tmp_path / "real", make_records(0.8, 0.05),
+                              {"server_ttft_p50_s": 0.6, "server_ttft_p99_s": 0.7,
+                               "ttft_client_minus_server_p50_s": 0.2,
+                               "server_cached_tokens": 0}))
+    comparison = compare_runs(sim, real, ttft_slo_s=1.0, tpot_slo_s=0.2)
+    table = rows(comparison)
+    assert table["ttft_p50_s"] == pytest.approx((0.5, 0.8))
+    assert table["server_ttft_p50_s"] == (None, 0.6)
+    assert table["ttft_client_minus_server_p50_s"] == (None, 0.2)
+    assert table["server_cached_tokens"] == (None, 0)
+    assert "server_ttft_p50_s" in format_table(comparison)
+
+
 def test_table_text_has_both_columns_difference_and_ratio(tmp_path):
     a = load_run(write_run(tmp_path / "a", make_records(0.5, 0.05)))
     b = load_run(write_run(tmp_path / "b", make_records(1.0, 0.05)))

@@ -7,7 +7,11 @@ outcomes, so only its workload rows are filled.
 
 Both sides are judged under the same SLOs. Workload rows describe what was offered (from
 arrival instants and lengths); outcome rows are ``sim.metrics.summarize`` of the records.
-Numbers a run's ``summary.json`` adds beyond that (e.g. a replay's send lag) are shown too.
+Numbers a run's ``summary.json`` adds beyond that are shown too: a replay's send lag, and,
+where the server reported its own timings (llama-server's ``timings``), the server's TTFT
+beside the client's (``server_ttft_*``, ``ttft_client_minus_server_p50_s``: queueing, HTTP and
+streaming on top of the server's prompt time) and the prompt tokens it evaluated or took from
+its cache.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ OUTCOME_ROWS = ("num_finished", "num_failed", "num_unfinished", "slo_attainment"
                 "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s",
                 "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "tpot_mean_s",
                 "e2e_p50_s", "e2e_p99_s", "output_tokens_per_s", "requests_per_s")
-EXTRA_ROWS = ("send_lag_p50_s", "send_lag_p99_s", "send_lag_max_s", "itl_p50_s", "itl_p99_s")
+EXTRA_ROWS = ("send_lag_p50_s", "send_lag_p99_s", "send_lag_max_s", "itl_p50_s", "itl_p99_s",
+              "server_ttft_p50_s", "server_ttft_p99_s", "ttft_client_minus_server_p50_s",
+              "server_prompt_tokens_evaluated", "server_cached_tokens", "num_usage_mismatch")
 
 
 @dataclass(frozen=True)

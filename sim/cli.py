@@ -17,6 +17,7 @@ import math
 import sys
 from pathlib import Path
 
+from sim import metrics
 from sim.config import ConfigError, RunConfig, load_config
 from sim.transfer import MECHANISMS
 from traces.jsonout import dumps, writable_dir, writable_file
@@ -89,11 +90,30 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
              ("$ per successful request", _fmt(summary["usd_per_request"])),
              ("simulated time (s)", _fmt(summary.get("simulated_time_s", math.nan))),
              ("wall time (s)", _fmt(summary.get("sim_wall_time_s", math.nan)))]
-    failures = {k: v for k, v in summary["statuses"].items() if k != "ok"}
-    if failures:
-        rows.append(("failures", ", ".join(f"{k}: {v}" for k, v in failures.items())))
+    rows += _capacity_rows(summary)
+    for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
+        rows.append(("failures" if k == 0 else "", reason))
     width = max(len(k) for k, _ in rows)
     return "\n".join([head] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
+    """What limits capacity: utilisations, and what each stage adds to TTFT (mean / P90)."""
+    rows = []
+    if "bottleneck" in summary:
+        shares = " / ".join(f"{name} {_percent(summary[f'{name}_utilization'])}"
+                            for name in ("prefill", "link", "decode"))
+        rows.append(("utilisation", f"{shares} (busiest: {summary['bottleneck']})"))
+    for stage, _, _ in metrics.TTFT_STAGES:
+        mean, p90 = summary.get(f"ttft_{stage}_mean_s"), summary.get(f"ttft_{stage}_p90_s")
+        if mean is not None:
+            rows.append((f"TTFT {stage.replace('_', ' ')} mean/P90 (s)",
+                         f"{_fmt(mean)} / {_fmt(p90)}"))
+    return rows
+
+
+def _percent(value) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
 
 
 def cmd_simulate(args) -> int:
@@ -101,6 +121,11 @@ def cmd_simulate(args) -> int:
     from traces.schema import write_records
 
     config = _config_from_args(args)
+    if args.show_config:
+        from sim.config import format_provenance, provenance
+
+        print(dumps(provenance(config)) if args.json else format_provenance(config))
+        return 0
     if args.out is not None:
         writable_dir(args.out)
     trace, trace_info = _trace_for(args, config)
@@ -167,7 +192,7 @@ def _trace_for(args, config: RunConfig):
 
 
 def cmd_sweep(args) -> int:
-    from sim.sweep import parse_rates, plot_sweep, summarize_sweep, sweep
+    from sim.sweep import describe_knee, parse_rates, plot_sweep, summarize_sweep, sweep
 
     config = _config_from_args(args)
     if config.workload.trace is not None:
@@ -181,19 +206,25 @@ def cmd_sweep(args) -> int:
     points = sweep(config, rates, seeds, workers=args.workers, progress=not args.json,
                    ray_address=args.ray)
     summary = summarize_sweep(points, args.target)
+    from sim.config import provenance
+
+    summary["config"] = provenance(config)      # the swept config; each point sets rate, seed
     if args.plot is not None:
         plot_sweep(summary, args.plot, title=f"{config.workload.name}: {config.cluster.prefill.device}"
                                               f" -> {config.cluster.decode.device}")
     if args.json:
         print(dumps(summary))
         return 0
-    print(f"{'rate':>8} {'attainment':>11} {'P90 TTFT s':>11} {'P90 TPOT s':>11} {'tok/s':>9}")
+    print(f"{'rate':>8} {'attainment':>11} {'P90 TTFT s':>11} {'P90 TPOT s':>11} {'tok/s':>9}"
+          f" {'prefill':>8} {'link':>5} {'decode':>7} {'failed':>7}")
     for r in summary["rows"]:
         print(f"{r['rate']:>8g} {100 * r['slo_attainment']:>10.1f}% {r['ttft_p90_s']:>11.3f} "
-              f"{r['tpot_p90_s']:>11.4f} {r['output_tokens_per_s']:>9.1f}")
-    knee = summary["knee_rate"]
-    print(f"knee (attainment >= {100 * args.target:.0f}%): "
-          + ("none of the rates" if math.isnan(knee) else f"{knee:g} req/s"))
+              f"{r['tpot_p90_s']:>11.4f} {r['output_tokens_per_s']:>9.1f} "
+              f"{_percent(r['prefill_utilization']):>8} {_percent(r['link_utilization']):>5} "
+              f"{_percent(r['decode_utilization']):>7} {r['num_failed']:>7.1f}")
+    print(describe_knee(summary))
+    for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
+        print(("failures over the sweep: " if k == 0 else " " * 24) + reason)
     return 0
 
 
@@ -226,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", metavar="START:END",
                    help="seconds of the trace to keep (re-based to 0), before --rate-scale")
     p.add_argument("--oracle", action="store_true", help="iteration-by-iteration decode (slow)")
+    p.add_argument("--show-config", action="store_true",
+                   help="print every resolved setting and where it came from (the config "
+                        "file, the device's default or the scenario's), then stop")
     p.add_argument("--out", type=Path, help="write records.parquet and summary.json here")
     p.set_defaults(func=cmd_simulate)
 

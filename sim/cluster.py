@@ -15,7 +15,7 @@ import simpy
 from hardware import catalog
 from policies.routing import ROUTING
 from sim import metrics
-from sim.config import ConfigError, InstanceConfig, RunConfig
+from sim.config import ConfigError, InstanceConfig, RunConfig, provenance
 from sim.decode import DecodeInstance
 from sim.ledger import Ledger
 from sim.link import KVLink
@@ -170,7 +170,9 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         "decode_memory": [d.memory.stats() for d in decodes],
         "in_system": samples,
     }
+    summary.update(metrics.utilization(stats, float(env.now)))
     summary.update(_power_and_cost(stats, summary, config))
+    summary["config"] = provenance(config)      # every resolved value and where it came from
     return RunResult(config, records, summary, stats)
 
 

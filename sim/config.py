@@ -231,6 +231,26 @@ class ClusterConfig:
         _check_bool("cluster", "fast_forward", self.fast_forward)
         for inst in (self.prefill, self.decode):
             _check_heads(models()[self.model], inst)
+        _check_same_kv_dtype(self)
+
+
+def _check_same_kv_dtype(cluster: "ClusterConfig") -> None:
+    """A GPU-to-GPU mechanism copies KV blocks as they are: both sides need one KV dtype."""
+    from sim.transfer import MECHANISMS
+
+    p, d = cluster.prefill, cluster.decode
+    if (MECHANISMS[cluster.link.mechanism].destination != "gpu"
+            or devices()[d.device].kind != "gpu" or p.kv_dtype == d.kv_dtype):
+        return
+    raise ConfigError(
+        f"cluster.decode.kv_dtype = {d.kv_dtype!r} ({_origin(d, 'kv_dtype')}) differs from "
+        f"cluster.prefill.kv_dtype = {p.kv_dtype!r} ({_origin(p, 'kv_dtype')}): "
+        f"{cluster.link.mechanism} copies KV blocks as they are, so set one kv_dtype on both")
+
+
+def _origin(inst: InstanceConfig, name: str) -> str:
+    return {"user": "set by the config", "device": f"{inst.device}'s default",
+            "scenario": "the scenario's default"}[inst.sources[name]]
 
 
 def _check_heads(model, inst: InstanceConfig) -> None:
@@ -300,15 +320,20 @@ def provenance(config: RunConfig) -> dict[str, dict]:
 
 def format_provenance(config: RunConfig) -> str:
     """``key = value  # source`` lines, TOML-like, for ``hawk simulate --show-config``."""
-    lines = [(f"{key} = {_toml(row['value'])}", row["source"])
+    lines = [(f"{key} = {_toml(row['value'], key)}", row["source"])
              for key, row in provenance(config).items()]
     width = max(len(text) for text, _ in lines)
     return "\n".join(f"{text:<{width}}  # {source}" for text, source in lines)
 
 
-def _toml(value) -> str:
+#: what None means where it is a setting's value
+_NONE_MEANS = {"max_num_blocks": "(as many as memory holds)", "kv_cache_gb": "(no cap)",
+               "bandwidth_gb_s": "(the profile's NIC)"}
+
+
+def _toml(value, key: str = "") -> str:
     if value is None:
-        return "(unset)"
+        return _NONE_MEANS.get(key.rsplit(".", 1)[-1], "(unset)")
     if isinstance(value, bool):
         return "true" if value else "false"
     return f'"{value}"' if isinstance(value, str) else repr(value)

@@ -10,6 +10,11 @@ tokens delivered.
   and the TPOT SLO (failed, rejected and unfinished requests count as misses).
 - Output throughput = tokens delivered by ok requests / (last completion - first arrival).
 - Goodput = the highest rate with attainment >= target (``knee``, over a sweep).
+- TTFT by stage, for ok requests: queueing (prefill_start - a), prefill (prefill_end -
+  prefill_start), transfer wait (transfer_start - prefill_end: the KV cache waits for the
+  decode side to pull it), transfer (transfer_end - transfer_start) and first decode step
+  (f - transfer_end). The stages add up to TTFT, so their means add up to the mean TTFT.
+- Utilisation of a resource = its busy time / the simulated time, averaged over instances.
 
 Every function takes the records DataFrame of ``traces.schema`` and touches nothing else.
 """
@@ -23,6 +28,25 @@ import numpy as np
 from traces.schema import Status
 
 PERCENTILES = (50, 90, 99)
+#: (stage, from instant, to instant): consecutive spans that add up to TTFT
+TTFT_STAGES = (("queue", "arrival_at", "prefill_start_at"),
+               ("prefill", "prefill_start_at", "prefill_end_at"),
+               ("transfer_wait", "prefill_end_at", "transfer_start_at"),
+               ("transfer", "transfer_start_at", "transfer_end_at"),
+               ("first_decode", "transfer_end_at", "first_token_at"))
+#: what each failed status means, for text output (``traces.schema.Status``)
+FAILURE_REASONS = {
+    "rejected_decode_capacity": "prompt + output KV never fits a decode instance",
+    "rejected_prefill_capacity": "prompt KV never fits a prefill send buffer",
+    "rejected_prompt_too_long": "prompt over the batch token budget or the model's context",
+    "failed_out_of_memory": "decode side could not allocate the receive buffer",
+    "failed_transfer": "KV transfer failed",
+    "failed_timeout": "did not finish within its deadline",
+    "failed_error": "backend or endpoint error",
+    "failed_truncated": "stream ended early",
+    "failed_client": "the client ran out of a resource",
+    "unfinished": "still running when the run ended",
+}
 
 
 def ttft(frame) -> np.ndarray:
@@ -103,7 +127,41 @@ def summarize(frame, ttft_slo_s: float, tpot_slo_s: float) -> dict:
     out["output_tokens_per_s"] = output_tokens_per_s(frame)
     out["requests_per_s"] = (float(ok.sum()) / _span(frame)) if ok.any() else 0.0
     out["kv_bytes_total"] = int(frame["kv_bytes"].sum())
+    out.update(ttft_breakdown(frame))
     return out
+
+
+def ttft_breakdown(frame) -> dict[str, float]:
+    """Mean and P90 of each TTFT stage over ok requests (``TTFT_STAGES``); NaN where no ok
+    request recorded the stage's instants (e.g. a replay, which sees only the first token)."""
+    ok = ok_mask(frame)
+    out = {}
+    for stage, start, end in TTFT_STAGES:
+        span = (frame[end] - frame[start]).to_numpy(dtype=float)[ok]
+        span = span[~np.isnan(span)]
+        out[f"ttft_{stage}_mean_s"] = float(span.mean()) if len(span) else math.nan
+        out[f"ttft_{stage}_p90_s"] = float(np.percentile(span, 90)) if len(span) else math.nan
+    return out
+
+
+def utilization(stats: dict, span_s: float) -> dict:
+    """Busy share of prefill, link and decode over ``span_s`` seconds (mean over instances),
+    and which of them is busiest: the one that limits capacity as the load grows."""
+    if not span_s > 0:
+        return {"prefill_utilization": math.nan, "link_utilization": math.nan,
+                "decode_utilization": math.nan, "bottleneck": None}
+    shares = {"prefill": float(np.mean(stats["prefill_busy_s"])) / span_s,
+              "link": float(stats["link_busy_s"]) / span_s,
+              "decode": float(np.mean(stats["decode_busy_s"])) / span_s}
+    out = {f"{name}_utilization": share for name, share in shares.items()}
+    out["bottleneck"] = max(shares, key=shares.get)
+    return out
+
+
+def failure_reasons(statuses: dict[str, int]) -> list[str]:
+    """``"name: count (what it means)"`` for each failed status of a ``status_counts``."""
+    return [f"{name}: {n} ({FAILURE_REASONS.get(name, 'see traces.schema.Status')})"
+            for name, n in statuses.items() if name != Status.OK.value and n]
 
 
 def knee(rates, attainments, target: float = 0.9) -> float:

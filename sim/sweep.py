@@ -2,11 +2,14 @@
 
 Each point is independent and deterministic (its own seed), so points run in a process pool
 (or on a Ray cluster when an address is given) and come back in the order they were asked for.
-The knee is the highest rate whose SLO attainment is >= the target (90% by default).
+The knee is the highest rate whose SLO attainment is >= the target (90% by default). When
+attainment is still >= the target at the highest swept rate, the knee lies beyond the swept
+range (``knee_beyond_range``): the sweep shows a lower bound, not the knee.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -15,6 +18,12 @@ import numpy as np
 
 from sim import metrics
 from sim.config import ConfigError, RunConfig
+
+
+#: per-rate means over seeds kept in a sweep's rows
+ROW_MEANS = ("slo_attainment", "ttft_p90_s", "tpot_p90_s", "output_tokens_per_s", "num_failed",
+             "prefill_utilization", "link_utilization", "decode_utilization",
+             *(f"ttft_{stage}_mean_s" for stage, _, _ in metrics.TTFT_STAGES))
 
 
 def parse_rates(text: str) -> list[float]:
@@ -104,9 +113,10 @@ def summarize_sweep(points: list[SweepPoint], target: float = 0.9) -> dict:
     for rate in rates:
         group = [p.summary for p in points if p.rate == rate]
         row = {"rate": rate, "num_seeds": len(group)}
-        for key in ("slo_attainment", "ttft_p90_s", "tpot_p90_s", "output_tokens_per_s",
-                    "num_failed"):
-            row[key] = float(np.mean([g[key] for g in group]))
+        for key in ROW_MEANS:
+            values = [g[key] for g in group if g.get(key) is not None]
+            row[key] = float(np.mean(values)) if values else math.nan
+        row["statuses"] = _summed([g.get("statuses", {}) for g in group])
         rows.append(row)
     knee = metrics.knee([r["rate"] for r in rows], [r["slo_attainment"] for r in rows], target)
     at_knee = next((r for r in rows if r["rate"] == knee), None)
@@ -115,13 +125,59 @@ def summarize_sweep(points: list[SweepPoint], target: float = 0.9) -> dict:
         mine = [p for p in points if p.seed == seed]
         by_seed[seed] = metrics.knee([p.rate for p in mine],
                                      [p.summary["slo_attainment"] for p in mine], target)
+    seed_knees = [k for k in by_seed.values() if not math.isnan(k)]
     return {"target": target, "knee_rate": knee,
             "output_tokens_per_s_at_knee": at_knee["output_tokens_per_s"] if at_knee else None,
-            "knee_by_seed": by_seed, "rows": rows}
+            "knee_by_seed": by_seed,
+            "knee_seed_min": min(seed_knees) if seed_knees else math.nan,
+            "knee_seed_max": max(seed_knees) if seed_knees else math.nan,
+            "knee_beyond_range": bool(rows) and rows[-1]["slo_attainment"] >= target,
+            "statuses": _summed([r["statuses"] for r in rows]), "rows": rows}
+
+
+def _summed(counts: list[dict]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, n in c.items():
+            total[k] = total.get(k, 0) + n
+    return total
+
+
+def describe_knee(summary: dict) -> str:
+    """One line on the knee: where it is, its spread across seeds, or that it lies beyond
+    (or below) the swept range."""
+    target, knee, rows = summary["target"], summary["knee_rate"], summary["rows"]
+    head = f"knee (attainment >= {100 * target:.0f}%): "
+    if summary["knee_beyond_range"]:
+        return (head + f"beyond the swept range: attainment is still "
+                f"{100 * rows[-1]['slo_attainment']:.1f}% at {rows[-1]['rate']:g} req/s, the "
+                f"highest rate swept; sweep higher rates to find it")
+    if math.isnan(knee):
+        return head + f"none of the rates (already below the target at {rows[0]['rate']:g} req/s)"
+    spread = ""
+    if len(summary["knee_by_seed"]) > 1:
+        spread = (f"; across {len(summary['knee_by_seed'])} seeds "
+                  f"{_rate(summary['knee_seed_min'])} to {_rate(summary['knee_seed_max'])}")
+    return head + f"{knee:g} req/s{spread}"
+
+
+def _rate(value: float) -> str:
+    return "none" if math.isnan(value) else f"{value:g}"
 
 
 def plot_sweep(summary: dict, path, title: str = "") -> None:
-    """SLO attainment and P90 latencies vs rate, as a PNG."""
+    """SLO attainment and P90 latencies vs rate, as a PNG (``sweep_figure``)."""
+    import matplotlib.pyplot as plt
+
+    fig = sweep_figure(summary, title)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep_figure(summary: dict, title: str = ""):
+    """The sweep plot: attainment with the target, the knee marked (a line at the knee of the
+    means, a band over the seeds' knees, or an arrow when it lies beyond the swept range),
+    and P90 TTFT / TPOT."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,6 +189,7 @@ def plot_sweep(summary: dict, path, title: str = "") -> None:
     axes[0].plot(rates, [100 * r["slo_attainment"] for r in rows], marker="o")
     axes[0].axhline(100 * summary["target"], color="grey", linestyle="--")
     axes[0].set_ylabel("SLO attainment (%)")
+    _mark_knee(axes[0], summary)
     axes[1].plot(rates, [r["ttft_p90_s"] for r in rows], marker="o")
     axes[1].set_ylabel("P90 TTFT (s)")
     axes[2].plot(rates, [1e3 * r["tpot_p90_s"] for r in rows], marker="o")
@@ -142,5 +199,21 @@ def plot_sweep(summary: dict, path, title: str = "") -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def _mark_knee(ax, summary: dict) -> None:
+    knee, top = summary["knee_rate"], summary["rows"][-1]["rate"]
+    if summary["knee_beyond_range"]:
+        ax.annotate(f"knee beyond {top:g} req/s", xy=(top, 100 * summary["target"]),
+                    xytext=(-110, -30), textcoords="offset points", color="tab:red",
+                    arrowprops={"arrowstyle": "->", "color": "tab:red"})
+        return
+    if math.isnan(knee):
+        return
+    ax.axvline(knee, color="tab:red", linestyle=":", label=f"knee {knee:g} req/s")
+    low, high = summary["knee_seed_min"], summary["knee_seed_max"]
+    if len(summary["knee_by_seed"]) > 1 and high > low:
+        ax.axvspan(low, high, color="tab:red", alpha=0.15,
+                   label=f"seeds' knees {low:g}-{high:g}")
+    ax.legend(loc="lower left", fontsize=8)

@@ -121,3 +121,87 @@ def test_closed_stdout_exits_quietly_with_status_0():
         os.close(write_end)
     assert done.returncode == 0
     assert b"Traceback" not in done.stderr and b"BrokenPipe" not in done.stderr
+
+
+# --- what limits capacity ------------------------------------------------------------------
+
+def test_simulate_says_what_limits_capacity(capsys):
+    summary = run_json(capsys, "simulate", "--num-requests", "200", "--json")
+    for name in ("prefill", "link", "decode"):
+        assert 0.0 < summary[f"{name}_utilization"] <= 1.0
+    assert summary["bottleneck"] in ("prefill", "link", "decode")
+    stages = ("queue", "prefill", "transfer_wait", "transfer", "first_decode")
+    total = sum(summary[f"ttft_{s}_mean_s"] for s in stages)
+    assert total == pytest.approx(summary["ttft_mean_s"], rel=1e-9)
+    assert summary["ttft_prefill_mean_s"] > 0 and summary["ttft_transfer_mean_s"] > 0
+    assert main(["simulate", "--num-requests", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "utilisation" in out and "busiest" in out
+    assert "TTFT queue mean/P90" in out and "TTFT first decode mean/P90" in out
+
+
+def test_simulate_text_names_failure_reasons(tmp_path, capsys):
+    path = write_trace(tmp_path / "long.csv", [(0.0, 10_000_000, 5), (1.0, 100, 5)])
+    assert main(["simulate", "--trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "rejected_prompt_too_long: 1 (prompt over the batch token budget or the model's " \
+           "context)" in out
+
+
+def test_sweep_says_when_the_knee_is_beyond_the_swept_range(capsys):
+    assert main(["sweep", "--rates", "0.05,0.1", "--num-requests", "100", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "beyond the swept range" in out and "0.1 req/s" in out
+    assert "prefill" in out.splitlines()[0] and "decode" in out.splitlines()[0]
+    result = run_json(capsys, "sweep", "--rates", "0.05,0.1", "--num-requests", "100",
+                      "--workers", "1", "--json")
+    assert result["knee_beyond_range"] is True and result["knee_rate"] == 0.1
+
+
+def test_sweep_text_names_failure_reasons(capsys, monkeypatch):
+    import sim.sweep
+
+    points = _points([[1.0, 0.5]], [1, 2])
+    points[1].summary["statuses"] = {"ok": 8, "failed_out_of_memory": 2}
+    monkeypatch.setattr(sim.sweep, "sweep", lambda *a, **k: points)
+    assert main(["sweep", "--rates", "1,2", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert ("failures over the sweep: failed_out_of_memory: 2 (decode side could not "
+            "allocate the receive buffer)") in out
+
+
+def _points(attainments_by_seed, rates):
+    from sim.sweep import SweepPoint
+
+    return [SweepPoint(rate, seed, {"slo_attainment": a, "ttft_p90_s": 1.0, "tpot_p90_s": 0.1,
+                                    "output_tokens_per_s": rate, "num_failed": 0,
+                                    "statuses": {"ok": 10}})
+            for seed, attainments in enumerate(attainments_by_seed)
+            for rate, a in zip(rates, attainments)]
+
+
+def test_sweep_plot_marks_the_knee_and_its_spread_across_seeds():
+    from sim.sweep import describe_knee, summarize_sweep, sweep_figure
+
+    summary = summarize_sweep(_points([[1.0, 0.95, 0.92, 0.5], [1.0, 0.95, 0.88, 0.4],
+                                       [1.0, 0.93, 0.91, 0.91]], [1, 2, 3, 4]))
+    assert summary["knee_rate"] == 3 and summary["knee_by_seed"] == {0: 3, 1: 2, 2: 4}
+    assert "3 req/s; across 3 seeds 2 to 4" in describe_knee(summary)
+    ax = sweep_figure(summary).axes[0]
+    knee_lines = [ln for ln in ax.get_lines() if ln.get_label().startswith("knee")]
+    assert len(knee_lines) == 1 and list(knee_lines[0].get_xdata()) == [3, 3]
+    bands = [p for p in ax.patches if p.get_label().startswith("seeds' knees")]
+    assert len(bands) == 1
+    band = bands[0]          # a Rectangle (matplotlib >= 3.9) or a Polygon
+    xs = [band.get_x(), band.get_x() + band.get_width()] if hasattr(band, "get_width") \
+        else list(band.get_xy()[:, 0])
+    assert (min(xs), max(xs)) == (2, 4)
+
+
+def test_sweep_plot_points_past_the_range_when_the_knee_is_beyond_it():
+    from sim.sweep import summarize_sweep, sweep_figure
+
+    summary = summarize_sweep(_points([[1.0, 0.99]], [1, 2]))
+    assert summary["knee_beyond_range"]
+    ax = sweep_figure(summary).axes[0]
+    assert any("knee beyond 2 req/s" in t.get_text() for t in ax.texts)

@@ -61,3 +61,45 @@ def test_sweep_summary_knee_of_means_and_of_each_seed():
         [0.1, 0.2, 0.3, 0.4].index(p.rate)]}) for p in points]
     out = summarize_sweep(points)
     assert out["knee_by_seed"] == {0: 0.3, 1: 0.1} and out["knee_rate"] == 0.2
+
+
+def staged(i, arrival, *instants, status=Status.OK):
+    """A record with prefill start/end, transfer start/end and first token at ``instants``."""
+    ps, pe, ts, te, f = instants
+    return RequestRecord(i, arrival, 100, 3, status, prefill_start_at=ps, prefill_end_at=pe,
+                         transfer_start_at=ts, transfer_end_at=te, first_token_at=f,
+                         finished_at=f + 1.0, num_generated_tokens=3)
+
+
+def test_ttft_stages_add_up_to_ttft():
+    frame = records_from_list([staged(0, 0.0, 1.0, 3.0, 3.5, 4.0, 4.25),
+                               staged(1, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0)])
+    out = metrics.ttft_breakdown(frame)
+    assert out["ttft_queue_mean_s"] == pytest.approx(0.5)           # 1.0 and 0.0
+    assert out["ttft_prefill_mean_s"] == pytest.approx(1.5)         # 2.0 and 1.0
+    assert out["ttft_transfer_wait_mean_s"] == pytest.approx(0.25)  # 0.5 and 0.0
+    assert out["ttft_transfer_mean_s"] == pytest.approx(0.75)       # 0.5 and 1.0
+    assert out["ttft_first_decode_mean_s"] == pytest.approx(0.125)  # 0.25 and 0.0
+    assert out["ttft_prefill_p90_s"] == pytest.approx(1.9)
+    total = sum(out[f"ttft_{s}_mean_s"] for s, _, _ in metrics.TTFT_STAGES)
+    assert total == pytest.approx(metrics.ttft(frame).mean())
+
+
+def test_ttft_stages_are_nan_where_no_instants_were_recorded():
+    out = metrics.ttft_breakdown(records_from_list([rec(0)]))       # replay: first token only
+    assert all(math.isnan(v) for v in out.values())
+
+
+def test_utilization_and_the_busiest_resource():
+    stats = {"prefill_busy_s": [2.0, 4.0], "decode_busy_s": [5.0], "link_busy_s": 1.0}
+    out = metrics.utilization(stats, 10.0)
+    assert out == {"prefill_utilization": 0.3, "link_utilization": 0.1,
+                   "decode_utilization": 0.5, "bottleneck": "decode"}
+
+
+def test_every_failure_status_has_a_reason():
+    statuses = {s.value: 1 for s in Status}
+    reasons = metrics.failure_reasons(statuses)
+    assert len(reasons) == len(Status) - 1
+    assert not any("see traces.schema" in r for r in reasons)
+    assert "rejected_prompt_too_long: 1 (prompt over the batch token budget" in reasons[2]

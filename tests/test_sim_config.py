@@ -77,3 +77,41 @@ def test_toml_errors_name_the_file(tmp_path):
     path.write_text("[cluster.prefill]\ntp = 0\n")
     with pytest.raises(ConfigError, match=r"bad\.toml: cluster\.prefill\.tp must be"):
         load_config(path)
+
+
+@pytest.mark.parametrize("text,field", [
+    ('[cluster.decode]\ndevice = ["p150a"]\n', r"cluster\.decode\.device must be one of"),
+    ("cluster = 5\n", r"cluster must be a table, got 5"),
+    ("[cluster]\nprefill = 4\n", r"cluster\.prefill must be a table, got 4"),
+    ('workload = "chatbot"\n', r"workload must be a table"),
+    ('[cluster]\nfast_forward = "no"\n', r"cluster\.fast_forward must be true or false, got 'no'"),
+    ('[workload]\nrate = "fast"\n', r"workload\.rate must be a number"),
+    ("[workload]\nnum_requests = true\n", r"workload\.num_requests must be an integer"),
+    ("[workload]\ntrace = [1, 2]\n", r"workload\.trace must be a string, got \[1, 2\]"),
+    ("[cluster.link]\nmechanism = 3\n", r"cluster\.link\.mechanism must be one of"),
+    ('[cluster.link]\nbandwidth_gb_s = "fast"\n', r"cluster\.link\.bandwidth_gb_s must be a"),
+    ("[slo]\nttft_s = true\n", r"slo\.ttft_s must be a number"),
+    ("seed = 1.5\n", r"run\.seed must be an integer"),
+    ("[cluster]\nprofile = 7\n", r"cluster\.profile must be a string, got 7"),
+    ('[cluster]\nmodel = {name = "x"}\n', r"cluster\.model must be one of"),
+    ('[cluster.prefill]\nmemory_utilization = "0.9"\n', r"cluster\.prefill\.memory_utilization"),
+    ("[cluster.decode]\nkv_dtype = 8\n", r"cluster\.decode\.kv_dtype must be one of"),
+    ("[cluster.decode]\nmax_num_blocks = 2048.0\n", r"cluster\.decode\.max_num_blocks must be an"),
+    ("[cluster]\nrouting = [\"a\"]\n", r"cluster\.routing must be one of"),
+    ("[bogus]\nx = 1\n", r"the configuration: unknown key\(s\) \['bogus'\]"),
+])
+def test_a_wrong_toml_type_is_refused_naming_file_and_field(tmp_path, text, field):
+    path = tmp_path / "typed.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"typed\.toml: " + field):
+        load_config(path)
+
+
+@pytest.mark.parametrize("role,tp,heads", [
+    ("prefill", 3, "64 attention heads"), ("prefill", 16, "8 KV heads"),
+    ("decode", 6, "64 attention heads"), ("decode", 32, "8 KV heads"),
+])
+def test_tp_must_divide_the_heads_on_every_instance(role, tp, heads):
+    with pytest.raises(ConfigError, match=rf"cluster\.{role}\.tp = {tp} does not divide Llama "
+                                          rf"3\.1 70B's {heads}"):
+        RunConfig().replace(**{f"cluster.{role}.tp": tp})

@@ -1,68 +1,112 @@
-"""The control wire of ``hardware.protocol``: message framing, error answers, payload checksums.
+"""The control wire of ``hardware.protocol``: message framing, error answers, payload MACs.
 
-A message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON (at most
-``MAX_MESSAGE``). A failed request is answered ``{"ok": false, "error": NAME, "message": ...}``
-where ``NAME`` is one of ``ERRORS`` (anything else is sent as ``ProtocolError``); the other
-side raises the same class again (``raise_for_reply``). Payload checksums are CRC32 per
-``segment_bytes`` slice of the prepared bytes, computed by the sender over its payload
-(``segment_crcs``) and by the receiver over the bytes as they landed (``received_crcs``).
+A message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON holding one
+object: at most ``MAX_HELLO`` bytes before the sender has shown the token, ``MAX_MESSAGE``
+after. A failed request is answered ``{"ok": false, "error": NAME, "message": ...}`` where
+``NAME`` is one of ``ERRORS`` (anything else is sent as ``ProtocolError``); the other side
+raises the same class again (``raise_for_reply``).
+
+Deadlines. ``recv_msg`` waits for a message to start for the socket's own timeout
+(``NoMessage``, a ``TransferTimeout``, when none does); once its first byte has arrived the
+whole message must arrive within ``frame_s`` (``TransferTimeout`` naming how much came), so a
+peer that sends half a frame and goes silent holds no one. ``send_msg`` finishes within the
+socket's timeout or raises ``TransferTimeout``.
+
+Integrity. The sender MACs every ``segment_bytes`` slice of the payload with HMAC-SHA256,
+keyed by the run's token and bound to the request id, a per-pull nonce, the payload size and
+the segment's index (``segment_macs``); the receiver computes the same over the bytes as they
+landed (``received_macs``). A flipped byte, a segment moved, or bytes written by anyone who
+lacks the token are caught; CRC32 would catch only the first.
 
 Reading raises only the transport's own exceptions: ``PeerLost`` on EOF or reset,
-``TransferTimeout`` when no message starts within the socket's timeout, ``ProtocolError`` for
-an oversized or non-JSON message.
+``TransferTimeout`` as above, ``ProtocolError`` for an oversized, non-JSON or non-object
+message.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import hmac
 import json
 import socket
 import struct
-import zlib
+import time
 
 import numpy as np
 
 from hardware.plan import TransferPlan
 from hardware.transport.base import (
-    AuthError, PeerLost, ProtocolError, SendBufferExhausted, TransferTimeout, UnknownRequest,
+    AuthError, ChecksumMismatch, PeerLost, ProtocolError, SendBufferExhausted, TransferTimeout,
+    UnknownRequest,
 )
 
-MAX_MESSAGE = 64 << 20
+MAX_MESSAGE = 64 << 20        # bytes of one message from a peer that showed the token
+MAX_HELLO = 64 << 10          # bytes of one message before that
 ERRORS = {cls.__name__: cls for cls in (AuthError, UnknownRequest, SendBufferExhausted,
-                                        ProtocolError)}
+                                        ChecksumMismatch, ProtocolError)}
+
+
+class NoMessage(TransferTimeout):
+    """No message started within the socket's timeout (an idle peer, not a broken one)."""
 
 
 def send_msg(sock: socket.socket, msg: dict) -> None:
     body = json.dumps(msg).encode()
-    sock.sendall(struct.pack("!I", len(body)) + body)
-
-
-def recv_msg(sock: socket.socket, peer: str) -> dict:
-    """One message; ``PeerLost`` on EOF or reset, ``TransferTimeout`` on the socket timeout."""
-    (n,) = struct.unpack("!I", _recv_exact(sock, 4, peer))
-    if n > MAX_MESSAGE:
-        raise ProtocolError(f"{peer}: message of {n} B exceeds {MAX_MESSAGE} B")
     try:
-        return json.loads(_recv_exact(sock, n, peer, may_time_out=False))
+        sock.sendall(struct.pack("!I", len(body)) + body)
+    except socket.timeout as e:
+        raise TransferTimeout(f"sending {len(body)} B: peer not reading within "
+                              f"{sock.gettimeout()} s") from e
+
+
+def recv_msg(sock: socket.socket, peer: str, max_bytes: int = MAX_MESSAGE,
+             frame_s: float = 30.0) -> dict:
+    """One message (a JSON object); see the module docstring for the deadlines."""
+    head = _recv_exact(sock, 4, peer, None, frame_s)
+    (n,) = struct.unpack("!I", head)
+    if n > max_bytes:
+        raise ProtocolError(f"{peer}: message of {n} B exceeds {max_bytes} B")
+    body = _recv_exact(sock, n, peer, time.monotonic() + frame_s, frame_s)
+    try:
+        msg = json.loads(body)
     except ValueError as e:
         raise ProtocolError(f"{peer}: message is not JSON") from e
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"{peer}: message is a JSON {type(msg).__name__}, expected an "
+                            f"object")
+    return msg
 
 
-def _recv_exact(sock: socket.socket, n: int, peer: str, may_time_out: bool = True) -> bytes:
-    """``n`` bytes; a timeout is raised only before the first byte of a message, so that a
-    message is never half read."""
+def _recv_exact(sock: socket.socket, n: int, peer: str, deadline: float | None,
+                frame_s: float) -> bytes:
+    """``n`` bytes. Without a ``deadline`` the first byte may take the socket's timeout
+    (``NoMessage``), and the rest then has ``frame_s``."""
+    idle = sock.gettimeout()
     buf = bytearray()
-    while len(buf) < n:
-        try:
-            chunk = sock.recv(n - len(buf))
-        except socket.timeout as e:
-            if may_time_out and not buf:
-                raise TransferTimeout(f"{peer}: no answer within {sock.gettimeout()} s") from e
-            continue
-        except OSError as e:
-            raise PeerLost(f"{peer}: connection lost ({e})") from e
-        if not chunk:
-            raise PeerLost(f"{peer}: connection closed by the peer")
-        buf += chunk
+    try:
+        while len(buf) < n:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransferTimeout(f"{peer}: a message stalled: {len(buf)} of {n} B "
+                                          f"arrived within {frame_s} s")
+                sock.settimeout(left if idle is None else min(left, max(idle, 0.05)))
+            try:
+                chunk = sock.recv(n - len(buf))
+            except socket.timeout as e:
+                if deadline is None:
+                    raise NoMessage(f"{peer}: no answer within {idle} s") from e
+                continue
+            except OSError as e:
+                raise PeerLost(f"{peer}: connection lost ({e})") from e
+            if not chunk:
+                raise PeerLost(f"{peer}: connection closed by the peer")
+            buf += chunk
+            if deadline is None:
+                deadline = time.monotonic() + frame_s
+    finally:
+        sock.settimeout(idle)
     return bytes(buf)
 
 
@@ -76,33 +120,57 @@ def raise_for_reply(reply: dict, what: str) -> dict:
     """``reply`` if it says ok, else its error raised as the class it names."""
     if not reply.get("ok"):
         cls = ERRORS.get(reply.get("error"), ProtocolError)
-        raise cls(reply.get("message", f"{what} failed"))
+        raise cls(str(reply.get("message", f"{what} failed")))
     return reply
 
 
-def segment_crcs(data: np.ndarray, segment_bytes: int) -> list[int]:
-    """CRC32 of each ``segment_bytes`` slice of a payload (the sender's side)."""
-    return [zlib.crc32(data[i:i + segment_bytes]) for i in range(0, data.size, segment_bytes)]
+def _mac(key: bytes, context: str, index: int):
+    return hmac.new(key, f"{context}|{index}".encode(), hashlib.sha256)
 
 
-def received_crcs(plan: TransferPlan, regions, nbytes: int, segment_bytes: int) -> list[int]:
-    """The same CRCs over the bytes as they landed: the plan's writes read back in payload
+def segment_macs(data: np.ndarray, segment_bytes: int, key: bytes, context: str) -> list[str]:
+    """HMAC-SHA256 of each ``segment_bytes`` slice of a payload (the sender's side)."""
+    return [_mac_hex(key, context, i // segment_bytes, data[i:i + segment_bytes])
+            for i in range(0, data.size, segment_bytes)]
+
+
+def _mac_hex(key: bytes, context: str, index: int, piece) -> str:
+    m = _mac(key, context, index)
+    m.update(piece)
+    return m.hexdigest()
+
+
+def received_macs(plan: TransferPlan, regions, nbytes: int, segment_bytes: int, key: bytes,
+                  context: str) -> list[str]:
+    """The same MACs over the bytes as they landed: the plan's writes read back in payload
     order from the (host) destination regions; ``plan.src_offset`` is relative to the payload."""
-    import ctypes
-
-    crcs = [0] * -(-nbytes // segment_bytes)
+    macs = [_mac(key, context, i) for i in range(-(-nbytes // segment_bytes))]
     covered = 0
     for i in np.argsort(plan.src_offset, kind="stable"):
         s, n = int(plan.src_offset[i]), int(plan.nbytes[i])
         if s != covered:
             raise ProtocolError(f"plan {plan.kind!r}: payload bytes [{covered}, {s}) are "
                                 f"not written, so they cannot be checked")
-        piece = ctypes.string_at(regions[plan.dst_region[i]].address + int(plan.dst_offset[i]),
-                                 n)
+        address = regions[plan.dst_region[i]].address + int(plan.dst_offset[i])
+        piece = memoryview((ctypes.c_uint8 * n).from_address(address)).cast("B")
         while piece:
             seg = s // segment_bytes
             take = min(len(piece), (seg + 1) * segment_bytes - s)
-            crcs[seg] = zlib.crc32(piece[:take], crcs[seg])
+            macs[seg].update(piece[:take])
             piece, s = piece[take:], s + take
         covered = s
-    return crcs
+    return [m.hexdigest() for m in macs]
+
+
+def verify_macs(got: list[str], sent: list, request_id: str, segment_bytes: int) -> None:
+    """Raise ``ChecksumMismatch`` naming the first segment whose MAC differs."""
+    if not isinstance(sent, list) or len(sent) != len(got):
+        raise ChecksumMismatch(f"request {request_id!r}: the prefill side sent "
+                               f"{len(sent) if isinstance(sent, list) else sent!r} MACs for "
+                               f"{len(got)} segments")
+    bad = [i for i, (a, b) in enumerate(zip(got, sent))
+           if not (isinstance(b, str) and hmac.compare_digest(a, b))]
+    if bad:
+        raise ChecksumMismatch(f"request {request_id!r}: {len(bad)} of {len(got)} segments "
+                               f"differ, first segment {bad[0]} (payload bytes from "
+                               f"{bad[0] * segment_bytes})")

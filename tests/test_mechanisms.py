@@ -23,13 +23,13 @@ def run_all(req, layers):
     fabric = LoopbackFabric()
     p, d = make_transport("loopback", fabric=fabric), make_transport("loopback", fabric=fabric)
     server = PrefillServer(p, np.zeros(4 * MIB, np.uint8), m.MechanismSource(layers, req),
-                           "tok").start()
+                           "mechanism-test-token").start()
     finals, writes = {}, {}
     try:
         for mech in m.MECHANISMS:
             sink = m.MechanismSink(mech, d, req)
             try:
-                with DecodeClient(d, sink, server.address, "tok") as client:
+                with DecodeClient(d, sink, server.address, "mechanism-test-token") as client:
                     writes[mech] = client.pull(f"{mech}/0").num_writes
                 finals[mech] = sink.final_bytes()
                 assert not sink.held

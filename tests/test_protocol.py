@@ -1,6 +1,9 @@
 """Algorithm 1 between a prefill server and a decode client in one process (loopback double)."""
 
+import json
 import socket
+import struct
+import threading
 import time
 
 import numpy as np
@@ -10,13 +13,13 @@ from hypothesis import given, settings, strategies as st
 from hardware.plan import TransferPlan
 from hardware.protocol import DecodeClient, PrefillServer, recv_msg, send_msg
 from hardware.transport import (
-    AuthError, ChecksumMismatch, PeerLost, PlanOutOfBounds, SendBufferExhausted, TransferFailed,
-    TransferTimeout, UnknownRequest, make_transport,
+    AuthError, ChecksumMismatch, PeerLost, PlanOutOfBounds, ProtocolError, RegistrationError,
+    SendBufferExhausted, TransferFailed, TransferTimeout, UnknownRequest, make_transport,
 )
 from hardware.transport.buffers import BytesSource, Reservations, StripedSink
 from hardware.transport.loopback import LoopbackFabric
 
-TOKEN = "s3cret"
+TOKEN = "s3cret-token-0123456789"
 KIB = 1024
 
 
@@ -28,13 +31,13 @@ def payloads(sizes, seed=0):
 class Cluster:
     """A prefill server and decode clients on one fabric, with a leak check at the end."""
 
-    def __init__(self, data, send_bytes=256 * KIB, lease_s=30.0, segment_bytes=None):
+    def __init__(self, data, send_bytes=256 * KIB, lease_s=30.0, **server_kw):
         self.fabric = LoopbackFabric()
         self.p = make_transport("loopback", fabric=self.fabric)
         self.d = make_transport("loopback", fabric=self.fabric)
         self.send = np.zeros(send_bytes, np.uint8)
         self.server = PrefillServer(self.p, self.send, BytesSource(data), TOKEN,
-                                    lease_s=lease_s, segment_bytes=segment_bytes).start()
+                                    lease_s=lease_s, **server_kw).start()
         self.banks = [np.zeros(128 * KIB, np.uint8) for _ in range(4)]
         self.sink = StripedSink(self.d, self.banks, chunk_bytes=4 * KIB,
                                 max_request_bytes=128 * KIB)
@@ -64,7 +67,8 @@ class Cluster:
         assert not any(leaks.values()), f"left reserved: {leaks}"
 
 
-def wait_until(cond, timeout_s=3.0):
+def wait_until(cond, timeout_s=60.0):
+    """Poll ``cond`` until it holds; the limit only bounds a broken run, never a passing one."""
     deadline = time.monotonic() + timeout_s
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -102,7 +106,7 @@ def test_control_socket_binds_loopback_by_default(make_cluster):
 def test_wrong_token_is_refused_and_server_keeps_serving(make_cluster):
     c = make_cluster(payloads([KIB]))
     with pytest.raises(AuthError, match="wrong token"):
-        c.client(token="guess")
+        c.client(token="guess-guess-guess-guess")
     assert c.client().pull("r0").output == c.server.source.payloads["r0"].tobytes()
 
 
@@ -127,12 +131,25 @@ def test_full_send_buffer_pushes_back_then_recovers(make_cluster):
     held.close()
 
 
-def test_timeout_releases_both_sides(make_cluster):
-    c = make_cluster(payloads([8 * KIB]))
-    c.d.faults.delay_s = 0.5
+def test_timeout_keeps_the_receive_space_until_the_late_write_lands(make_cluster):
+    c = make_cluster(payloads([8 * KIB, 8 * KIB]))
+    client = c.client()
+    late = threading.Event()
+    c.d.faults.hold = late                  # r0's bytes are in flight until this is set
     with pytest.raises(TransferTimeout, match="not complete after 0.100 s"):
-        c.client().pull("r0", timeout_s=0.1)
-    assert not c.server.reserved() and not c.sink.reserved()
+        client.pull("r0", timeout_s=0.1)
+    held = lambda: sorted(c.sink.held[0].held)          # noqa: E731
+    assert held() == ["r0"], "r0's banks must stay reserved while its write can land"
+    c.d.faults.hold = None
+    r0_offsets = [h.held["r0"][0] for h in c.sink.held]
+    assert client.pull("r1").output == c.server.source.payloads["r1"].tobytes()
+    assert held() == ["r0"]
+    late.set()
+    assert wait_until(lambda: not c.sink.reserved())
+    landed = np.concatenate([c.banks[k][o:o + 4 * KIB] for k, o in enumerate(r0_offsets[:2])])
+    assert landed.tobytes() == c.server.source.payloads["r0"].tobytes(), \
+        "the late write landed in r0's own quarantined space"
+    assert not c.server.reserved()
 
 
 class SlowSource(BytesSource):
@@ -161,13 +178,33 @@ def test_failed_transfer_releases_both_sides(make_cluster):
     assert not c.server.reserved() and not c.sink.reserved()
 
 
-def test_corrupted_bytes_fail_the_segment_checksum(make_cluster):
+def test_corrupted_bytes_fail_the_segment_mac_by_default(make_cluster):
+    c = make_cluster(payloads([64 * KIB]))              # no integrity settings at all
+    client = c.client()
+    c.d.faults.corrupt = True
+    with pytest.raises(ChecksumMismatch, match="1 of 1 segments differ"):
+        client.pull("r0")
+    assert client.pull("r0").output == c.server.source.payloads["r0"].tobytes()
+
+
+def test_corrupted_segment_is_named(make_cluster):
     c = make_cluster(payloads([64 * KIB]), segment_bytes=16 * KIB)
     client = c.client()
     c.d.faults.corrupt = True
-    with pytest.raises(ChecksumMismatch, match="1 of 4 segments differ"):
+    with pytest.raises(ChecksumMismatch, match="1 of 4 segments differ, first segment 3"):
         client.pull("r0")
-    assert client.pull("r0").output == c.server.source.payloads["r0"].tobytes()
+
+
+def test_a_client_checking_integrity_refuses_an_answer_without_macs(make_cluster):
+    c = make_cluster(payloads([8 * KIB]))
+    unchecked = c.client()
+    unchecked.integrity = False
+    assert unchecked.pull("r0").output == c.server.source.payloads["r0"].tobytes()
+    client = c.client()
+    client._call = lambda msg, call=client._call: {
+        k: v for k, v in call(msg).items() if k != "mac"}
+    with pytest.raises(ProtocolError, match="carries no MACs"):
+        client.pull("r0")
 
 
 class OutOfBoundsSink(StripedSink):

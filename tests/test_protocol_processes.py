@@ -173,7 +173,7 @@ def test_wrong_token_across_processes(prefill_process, decode_side):
     _, address = prefill_process
     t, sink = decode_side
     with pytest.raises(TransportError, match="wrong token"):
-        DecodeClient(t, sink, address, "not-the-token", timeout_s=20)
+        DecodeClient(t, sink, address, "not-the-token-at-all", timeout_s=20)
 
 
 def test_concurrent_pulls_share_the_send_buffer(prefill_process, decode_side):

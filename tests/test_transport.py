@@ -45,7 +45,7 @@ def test_write_plan_lands_bytes_in_each_bank(pair):
     src = np.arange(64, dtype=np.uint8)
     dst = banks(2, 32)
     rs = a.register_buffer(src)
-    rd = [b.register_buffer(x) for x in dst]
+    rd = [b.register_buffer(x, peer_access=True) for x in dst]
     plan = make_plan([(0, 1, 0, 16), (16, 0, 8, 16), (32, 1, 16, 16)], 64, (32, 32))
     a.submit(plan, rs, rd, op="write")
     assert dst[1][:16].tolist() == list(range(16))
@@ -60,7 +60,7 @@ def test_read_plan_pulls_into_local_banks(pair):
     a, b = pair
     src = np.arange(32, dtype=np.uint8)
     dst = banks(2, 16)
-    rs = a.register_buffer(src)
+    rs = a.register_buffer(src, peer_access=True)
     rd = [b.register_buffer(x) for x in dst]
     plan = make_plan([(0, 0, 0, 16), (16, 1, 0, 16)], 32, (16, 16))
     b.submit(plan, rs, rd, op="read")
@@ -77,7 +77,7 @@ def test_read_plan_pulls_into_local_banks(pair):
 def test_out_of_bounds_plan_is_rejected_before_posting(pair, write, where):
     a, b = pair
     src, dst = np.arange(32, dtype=np.uint8), banks(2, 16)
-    rs, rd = a.register_buffer(src), [b.register_buffer(x) for x in dst]
+    rs, rd = a.register_buffer(src), [b.register_buffer(x, peer_access=True) for x in dst]
     plan = make_plan([(0, 1, 0, 8), write], 32, (16, 16))
     with pytest.raises(PlanOutOfBounds, match=where.replace("[", r"\[").replace("(", r"\(")
                        .replace(")", r"\)")):
@@ -89,7 +89,7 @@ def test_out_of_bounds_plan_is_rejected_before_posting(pair, write, where):
 def test_local_range_must_be_registered(pair):
     a, b = pair
     src, dst = np.arange(32, dtype=np.uint8), banks(1, 32)
-    rd = [b.register_buffer(dst[0])]
+    rd = [b.register_buffer(dst[0], peer_access=True)]
     fake = Region(src.ctypes.data, 32, owner=a.id)
     with pytest.raises(PlanOutOfBounds, match="not inside a registered region"):
         a.post(make_plan([(0, 0, 0, 8)], 32, (32,)), fake, rd)
@@ -99,7 +99,7 @@ def test_local_range_must_be_registered(pair):
 def test_remote_key_must_match_the_peer_registration(pair):
     a, b = pair
     src, dst = np.arange(16, dtype=np.uint8), banks(1, 16)
-    rs, rd = a.register_buffer(src), b.register_buffer(dst[0])
+    rs, rd = a.register_buffer(src), b.register_buffer(dst[0], peer_access=True)
     forged = Region(rd.address, rd.nbytes, key=rd.key + 1, owner=rd.owner)
     with pytest.raises(RegistrationError, match=f"key {rd.key + 1} does not match"):
         a.submit(make_plan([(0, 0, 0, 16)], 16, (16,)), rs, [forged])
@@ -116,7 +116,7 @@ def test_release_of_unknown_region_names_it(pair):
 def test_dead_peer_and_injected_failure_and_timeout(pair):
     a, b = pair
     src, dst = np.ones(16, np.uint8), banks(1, 16)
-    rs, rd = a.register_buffer(src), [b.register_buffer(dst[0])]
+    rs, rd = a.register_buffer(src), [b.register_buffer(dst[0], peer_access=True)]
     plan = make_plan([(0, 0, 0, 16)], 16, (16,))
     a.faults.fail = OSError("link down")
     with pytest.raises(TransferFailed, match="injected failure"):
@@ -202,7 +202,7 @@ def test_verbs_real_write():
     try:
         a.connect(b.endpoint()), b.connect(a.endpoint())
         src, dst = np.arange(256, dtype=np.uint8), banks(2, 128)
-        rs, rd = a.register_buffer(src), [b.register_buffer(x) for x in dst]
+        rs, rd = a.register_buffer(src), [b.register_buffer(x, peer_access=True) for x in dst]
         plan = make_plan([(0, 1, 0, 128), (128, 0, 0, 128)], 256, (128, 128))
         a.submit(plan, rs, rd, timeout_s=5)
         assert np.concatenate([dst[1], dst[0]]).tolist() == src.tolist()

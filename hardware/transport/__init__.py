@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 
 from hardware.transport.base import (  # noqa: F401  (the public names)
-    AuthError, Batch, ChecksumMismatch, PeerLost, PlanOutOfBounds, ProtocolError, Region,
-    RegistrationError, SendBufferExhausted, TransferFailed, TransferTimeout, Transport,
+    AuthError, Batch, ChecksumMismatch, PeerLost, PlanOutOfBounds, Prepared, ProtocolError,
+    Region, RegistrationError, SendBufferExhausted, TransferFailed, TransferTimeout, Transport,
     TransportError, TransportUnavailable, UnknownRequest, buffer_address,
 )
 

@@ -10,6 +10,17 @@ Contract (who calls what, and when)::
     t.wait(batch, timeout_s=5.0)                        # raises on failure or timeout
     t.release(src); t.close()
 
+Peer access. ``register(..., peer_access=False)`` (the default) makes a region usable as the
+local side of this transport's own batches only; no peer can read or write it. Only a region
+registered with ``peer_access=True`` is open to peers, and only until it is released: the
+prefill side opens one request's range of its send buffer per pull and closes it on ``done``.
+
+Late writes. A batch that timed out may still be moving bytes (a backend's call cannot be
+cancelled). Until it settles, ``settled(batch)`` is False, ``after_settled(batch, fn)`` defers
+``fn`` (the decode side defers freeing the request's receive space this way), and ``release``
+of a region the batch touches waits for it (at most ``drain_s``) and otherwise refuses: memory
+is never handed back while a write into it can still land.
+
 A plan (``hardware.plan.TransferPlan``) copies ``nbytes`` from ``src_offset`` of one source
 region to ``dst_offset`` of ``dsts[dst_region]``. ``op="write"``: the source is local and
 the destinations belong to the peer (one-sided RDMA WRITE). ``op="read"``: the destinations
@@ -37,7 +48,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import numpy as np
@@ -94,6 +106,15 @@ class SendBufferExhausted(ProtocolError):
 
 class ChecksumMismatch(ProtocolError):
     pass
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request's transformed KV bytes as the prefill side sends them (Algorithm 1 P1-P5);
+    what a ``hardware.protocol`` source returns."""
+
+    data: object                         # uint8 numpy array or torch tensor, [nbytes]
+    meta: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -173,9 +194,13 @@ class Transport(abc.ABC):
     """One endpoint of a one-sided transport; see the module docstring for the contract."""
 
     name: str = "abstract"
+    drain_s: float = 60.0       # how long ``release`` waits for a timed-out batch to settle
 
     def __init__(self) -> None:
         self._regions: dict[int, Region] = {}      # address -> registered local region
+        self._peer_access: set[int] = set()        # addresses of regions open to peers
+        self._unsettled: dict[int, tuple[Batch, list]] = {}   # id -> (batch, callbacks)
+        self._lock = threading.Lock()
         self._closed = False
 
     # -- what subclasses implement ------------------------------------------------------
@@ -187,7 +212,7 @@ class Transport(abc.ABC):
         """Prepare to exchange data with ``peer`` (an ``endpoint()`` of the other side)."""
 
     @abc.abstractmethod
-    def _register(self, address: int, nbytes: int) -> Region: ...
+    def _register(self, address: int, nbytes: int, peer_access: bool) -> Region: ...
 
     @abc.abstractmethod
     def _release(self, region: Region) -> None: ...
@@ -199,30 +224,44 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def _wait(self, batch: Batch, timeout_s: float) -> None: ...
 
+    def _drain(self, batch: Batch, timeout_s: float | None) -> bool:
+        """Wait (``None``: without limit) for a timed-out batch to stop moving bytes; True
+        once it has. Backends that cannot tell keep it unsettled (False)."""
+        return False
+
     def _close(self) -> None:
         pass
 
     # -- the public protocol ------------------------------------------------------------
-    def register(self, address: int, nbytes: int) -> Region:
+    def register(self, address: int, nbytes: int, peer_access: bool = False) -> Region:
         self._check_open()
         if address in self._regions:
             raise RegistrationError(f"{self.name}: {address:#x} is already registered")
-        region = self._register(int(address), int(nbytes))
+        region = self._register(int(address), int(nbytes), bool(peer_access))
         self._regions[region.address] = region
+        if peer_access:
+            self._peer_access.add(region.address)
         return region
 
-    def register_buffer(self, buf) -> Region:
-        return self.register(*buffer_address(buf))
+    def register_buffer(self, buf, peer_access: bool = False) -> Region:
+        return self.register(*buffer_address(buf), peer_access=peer_access)
 
     def release(self, region: Region) -> None:
-        if self._regions.pop(region.address, None) is None:
+        if region.address not in self._regions:
             raise RegistrationError(f"{self.name}: region at {region.address:#x} "
                                     f"({region.nbytes} B) is not registered here")
+        self._drain_touching(region)
+        del self._regions[region.address]
+        self._peer_access.discard(region.address)
         self._release(region)
 
     def live_regions(self) -> list[Region]:
         """Regions registered and not yet released (a leak check reads this)."""
         return list(self._regions.values())
+
+    def open_to_peers(self) -> list[Region]:
+        """Regions a peer may read or write now."""
+        return [self._regions[a] for a in sorted(self._peer_access)]
 
     def post(self, plan: TransferPlan, src: Region, dsts: Sequence[Region],
              op: Op = "write") -> Batch:
@@ -244,13 +283,37 @@ class Transport(abc.ABC):
         return dataclasses.replace(batch, handle=handle)
 
     def wait(self, batch: Batch, timeout_s: float = 30.0) -> None:
-        if batch.handle is not None:
+        """Wait for the batch; on ``TransferTimeout`` it stays unsettled (see the module
+        docstring) until the backend says it stopped moving bytes."""
+        if batch.handle is None:
+            return
+        try:
             self._wait(batch, timeout_s)
+        except TransferTimeout:
+            with self._lock:
+                self._unsettled[id(batch)] = (batch, [])
+            threading.Thread(target=self._settle, args=(batch,), daemon=True,
+                             name=f"{self.name}-drain").start()
+            raise
 
     def submit(self, plan: TransferPlan, src: Region, dsts: Sequence[Region],
                op: Op = "write", timeout_s: float = 30.0) -> None:
         """``post`` then ``wait``."""
         self.wait(self.post(plan, src, dsts, op), timeout_s)
+
+    def settled(self, batch: Batch) -> bool:
+        """Whether no write of ``batch`` can still land."""
+        with self._lock:
+            return id(batch) not in self._unsettled
+
+    def after_settled(self, batch: Batch, fn) -> None:
+        """Call ``fn()`` once ``batch`` has settled (now, if it has)."""
+        with self._lock:
+            entry = self._unsettled.get(id(batch))
+            if entry is not None:
+                entry[1].append(fn)
+                return
+        fn()
 
     def close(self) -> None:
         """Release every region still registered, then shut the backend down."""
@@ -268,6 +331,30 @@ class Transport(abc.ABC):
         self.close()
 
     # -- helpers ------------------------------------------------------------------------
+    def _settle(self, batch: Batch) -> None:
+        if self._drain(batch, None):
+            self._settled(batch)
+
+    def _settled(self, batch: Batch) -> None:
+        with self._lock:
+            _, callbacks = self._unsettled.pop(id(batch), (None, []))
+        for fn in callbacks:
+            fn()
+
+    def _drain_touching(self, region: Region) -> None:
+        """Wait for unsettled batches whose local side lies in ``region``; refuse if any
+        is still moving bytes after ``drain_s``."""
+        with self._lock:
+            touching = [b for b, _ in self._unsettled.values() if _touches(b, region)]
+        for batch in touching:
+            if self._drain(batch, self.drain_s):
+                self._settled(batch)
+            else:
+                raise RegistrationError(
+                    f"{self.name}: region at {region.address:#x} ({region.nbytes} B) is "
+                    f"kept: a timed-out {batch.op} batch of {len(batch.nbytes)} writes may "
+                    f"still write into it after {self.drain_s} s")
+
     def _check_open(self) -> None:
         if self._closed:
             raise TransportError(f"{self.name}: transport is closed")
@@ -281,3 +368,10 @@ class Transport(abc.ABC):
         raise PlanOutOfBounds(f"{self.name}: local range [{region.address:#x}, "
                               f"{region.address + region.nbytes:#x}) is not inside a "
                               f"registered region")
+
+
+def _touches(batch: Batch, region: Region) -> bool:
+    """Whether any local range of ``batch`` overlaps ``region``."""
+    local = batch.src_addr if batch.op == "write" else batch.dst_addr
+    end = region.address + region.nbytes
+    return bool(np.any((local < end) & (local + batch.nbytes > region.address)))

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 
 from hardware.plan import TransferPlan
-from hardware.transport.base import ProtocolError, SendBufferExhausted, Transport
+from hardware.transport.base import Prepared, ProtocolError, SendBufferExhausted, Transport
 
 
 class Reservations:
@@ -52,14 +52,14 @@ class BytesSource:
         self.payloads = payloads
 
     def __call__(self, request_id: str, dest: dict):
-        from hardware.protocol import Prepared
         data = self.payloads[request_id]
         return Prepared(data, {"nbytes": int(np.asarray(data).nbytes)})
 
 
 class StripedSink:
     """Decode-side sink over N registered bank buffers: chunk i of a payload lands in bank
-    ``i % N``; each bank is a ``Reservations`` of its own."""
+    ``i % N``; each bank is a ``Reservations`` of its own. The banks are registered for local
+    use only: the decode side reads into them, no peer can write them."""
 
     def __init__(self, transport: Transport, banks: list[np.ndarray], chunk_bytes: int,
                  max_request_bytes: int) -> None:

@@ -2,17 +2,31 @@
 
 P2P handshake, no metadata server: a peer is addressed as ``"host:rpc_port"`` and is
 contacted on first use. ``mooncake`` is imported when a transport is built, never before.
-Pitfalls handled here (FACTS.md section 5): asking for ``rdma`` without an RDMA HCA makes the
-engine silently use TCP, so the local topology is read back and the fallback raises
-``TransportUnavailable``; batches are split into chunks of at most ``MAX_BATCH`` writes; a
-failed batch is reported as -1 only, so the peer's port is probed to tell a dead peer
-(``PeerLost``) from other failures.
+Pitfalls handled here: asking for ``rdma`` without an RDMA HCA makes the engine silently use
+TCP, so the local topology is read back and the fallback raises ``TransportUnavailable``;
+batches are split into chunks of at most ``MAX_BATCH`` writes; a failed batch is reported as
+-1 only, so the peer's port is probed to tell a dead peer (``PeerLost``) from other failures.
+
+Who can reach it. The engine (0.3.x) binds its RPC port to 0.0.0.0 and its TCP data port to
+``*`` whatever host it is given, and has no option to change that (``MC_TCP_BIND_ADDRESS``
+only names the address it advertises). Right after ``initialize`` the transport therefore
+pins both listening sockets to the network device that holds ``host`` (``SO_BINDTODEVICE``;
+``lo`` for a loopback host), so that the kernel refuses connections arriving on any other
+interface; ``listeners`` lists them. Behind that, the engine serves reads and writes only
+inside memory registered with it, and over TCP a local range needs no registration: so only
+regions registered ``peer_access=True`` are registered with the engine (with ``rdma`` every
+region is, since the NIC needs its keys), and the engine has no authentication of its own:
+any process that can reach the port may read or write those regions while they are open.
 """
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import json
+import os
 import socket
+import struct
 import threading
 
 from hardware.transport.base import (
@@ -50,11 +64,16 @@ class MooncakeTransport(Transport):
                 "`mooncake-transfer-engine-non-cuda` and Debian `libibverbs1`") from e
         self.protocol = protocol
         self.host = host
+        device = listen_device(host)
         self._engine = TransferEngine()
+        before = set(wildcard_listeners())
         rc = self._engine.initialize(host, "P2PHANDSHAKE", protocol, device_name)
         if rc != 0:
             raise TransportUnavailable(f"mooncake: initialize({host!r}, P2PHANDSHAKE, "
                                        f"{protocol!r}) returned {rc}")
+        self.listeners = pin_listeners(
+            {fd: a for fd, a in wildcard_listeners().items() if fd not in before}, device,
+            self._engine.get_rpc_port())
         if protocol == "rdma":
             hcas = rdma_hcas(self._engine.get_local_topology())
             if not hcas:
@@ -63,18 +82,24 @@ class MooncakeTransport(Transport):
                     "silently fall back to TCP (no device under /sys/class/infiniband)")
             self.hcas = hcas
         self.id = f"{host}:{self._engine.get_rpc_port()}"
+        self._with_engine: set[int] = set()        # addresses registered with the engine
 
     def endpoint(self) -> dict:
         return {"transport": self.name, "id": self.id, "protocol": self.protocol}
 
-    def _register(self, address: int, nbytes: int) -> Region:
-        rc = self._engine.register_memory(address, nbytes)
-        if rc != 0:
-            raise RegistrationError(f"mooncake {self.id}: register_memory({address:#x}, "
-                                    f"{nbytes}) returned {rc}")
+    def _register(self, address: int, nbytes: int, peer_access: bool) -> Region:
+        if peer_access or self.protocol == "rdma":
+            rc = self._engine.register_memory(address, nbytes)
+            if rc != 0:
+                raise RegistrationError(f"mooncake {self.id}: register_memory({address:#x}, "
+                                        f"{nbytes}) returned {rc}")
+            self._with_engine.add(address)
         return Region(address, nbytes, key=0, owner=self.id)
 
     def _release(self, region: Region) -> None:
+        if region.address not in self._with_engine:
+            return
+        self._with_engine.discard(region.address)
         rc = self._engine.unregister_memory(region.address)
         if rc != 0:
             raise RegistrationError(f"mooncake {self.id}: unregister_memory("
@@ -124,6 +149,11 @@ class MooncakeTransport(Transport):
                 raise PeerLost(f"mooncake {self.id}: peer {batch.peer} is gone ({where})")
             raise TransferFailed(f"mooncake {self.id}: {where}")
 
+    def _drain(self, batch: Batch, timeout_s: float | None) -> bool:
+        worker, _ = batch.handle
+        worker.join(timeout_s)
+        return not worker.is_alive()
+
     def _close(self) -> None:
         self._engine = None
 
@@ -136,3 +166,67 @@ def peer_alive(peer: str, timeout_s: float = 1.0) -> bool:
             return True
     except (OSError, ValueError):
         return False
+
+
+def listen_device(host: str) -> str:
+    """The network device holding ``host`` (``lo`` for a loopback address)."""
+    try:
+        addr = ipaddress.ip_address(socket.gethostbyname(host))
+    except (OSError, ValueError) as e:
+        raise TransportUnavailable(f"mooncake: host {host!r} does not resolve ({e})") from e
+    if addr.is_loopback:
+        return "lo"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915,                 # SIOCGIFADDR
+                                     struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == str(addr):
+                return name
+    raise TransportUnavailable(f"mooncake: host {host!r} ({addr}) is not an address of a "
+                               f"network device here, so its listeners cannot be pinned")
+
+
+def wildcard_listeners() -> dict[int, tuple]:
+    """This process's listening TCP sockets bound to every address: fd -> sockname."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            dup = os.dup(int(name))
+        except OSError:
+            continue
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)
+            continue
+        try:
+            if (sock.type == socket.SOCK_STREAM
+                    and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                    and sock.getsockname()[0] in ("0.0.0.0", "::")):
+                found[int(name)] = sock.getsockname()
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    return found
+
+
+def pin_listeners(new: dict[int, tuple], device: str, rpc_port: int) -> list[tuple]:
+    """Bind each new listening socket to ``device``; ``[(address, port, device)]``."""
+    if rpc_port not in {a[1] for a in new.values()}:
+        raise TransportUnavailable(f"mooncake: the engine's RPC listener (port {rpc_port}) "
+                                   f"was not found among new sockets {sorted(new.values())}, "
+                                   f"so it cannot be pinned to {device}")
+    pinned = []
+    for fd, addr in new.items():
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
+            except OSError as e:
+                raise TransportUnavailable(f"mooncake: pinning listener {addr[0]}:{addr[1]} "
+                                           f"to {device} failed ({e})") from e
+        pinned.append((addr[0], addr[1], device))
+    return sorted(pinned, key=lambda p: p[1])

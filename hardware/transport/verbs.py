@@ -147,10 +147,10 @@ class VerbsTransport(Transport):
         self._peer: str | None = None
         self.id = f"{os.uname().nodename}/{self.device}/qp{self._qp.qp_num}"
 
-    def _access(self) -> int:
+    def _access(self, peer_access: bool = True) -> int:
         e = self._e
-        return (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-                | e.IBV_ACCESS_REMOTE_READ)
+        remote = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ if peer_access else 0
+        return e.IBV_ACCESS_LOCAL_WRITE | remote
 
     def endpoint(self) -> dict:
         return {"transport": self.name, "id": self.id, "qp_num": self._qp.qp_num,
@@ -179,29 +179,32 @@ class VerbsTransport(Transport):
                            f"{err}") from err
         self._peer = str(peer["id"])
 
-    def _register(self, address: int, nbytes: int) -> Region:
+    def _register(self, address: int, nbytes: int, peer_access: bool) -> Region:
         from pyverbs.mr import MR
         try:
-            mr = MR(self._pd, nbytes, self._access(), address=address)
+            mr = MR(self._pd, nbytes, self._access(peer_access), address=address)
         except Exception as err:  # noqa: BLE001
             raise RegistrationError(f"verbs {self.id}: MR({address:#x}, {nbytes}) failed: "
                                     f"{err}") from err
         return self._keep(mr, address, nbytes)
 
-    def register_buffer(self, buf) -> Region:
+    def register_buffer(self, buf, peer_access: bool = False) -> Region:
         """CUDA tensors go through dma-buf (or peermem); everything else is a plain MR."""
         if getattr(getattr(buf, "device", None), "type", "cpu") != "cuda" or PEERMEM.exists():
-            return super().register_buffer(buf)
+            return super().register_buffer(buf, peer_access)
         from pyverbs.mr import DmaBufMR
         address, nbytes = int(buf.data_ptr()), int(buf.numel() * buf.element_size())
         fd, offset = cuda_dmabuf_fd(address, nbytes)
         try:
-            mr = DmaBufMR(self._pd, nbytes, self._access(), dmabuf=fd, offset=offset)
+            mr = DmaBufMR(self._pd, nbytes, self._access(peer_access), dmabuf=fd,
+                          offset=offset)
         except Exception as err:  # noqa: BLE001
             raise RegistrationError(f"verbs {self.id}: DmaBufMR for CUDA {address:#x} "
                                     f"({nbytes} B) failed: {err}") from err
         region = self._keep(mr, address, nbytes)
         self._regions[address] = region
+        if peer_access:
+            self._peer_access.add(address)
         return region
 
     def _keep(self, mr, address: int, nbytes: int) -> Region:

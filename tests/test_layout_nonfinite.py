@@ -16,6 +16,7 @@ FIXTURE = np.load(Path(__file__).parent / "data" / "ttnn-nonfinite.npz")
 CASES = range(int(FIXTURE["n_cases"]))
 RAW = range(int(FIXTURE["n_raw"]))
 NARROW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])   # torch packs on either
 
 
 def case(k):
@@ -147,19 +148,21 @@ def test_round_trip_equals_ttnn_on_regrouped_tiles(dtype, seed, num_tiles):
         assert np.array_equal(bits(unpack(packed, dtype, pshape)), bits(want))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k", CASES)
-def test_torch_packing_gives_ttnn_bytes(k):
+def test_torch_packing_gives_ttnn_bytes(k, device):
     x, dtype, packed, _ = case(k)
-    assert np.array_equal(tile_torch.pack(torch.from_numpy(x), dtype).numpy().reshape(-1), packed)
+    got = tile_torch.pack(torch.from_numpy(x).to(device), dtype)
+    assert np.array_equal(got.cpu().numpy().reshape(-1), packed)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("narrow", NARROW)
-def test_torch_packing_from_narrow_sources_gives_ttnn_bytes(narrow):
+def test_torch_packing_from_narrow_sources_gives_ttnn_bytes(narrow, device):
     for k in narrow_cases(narrow):
         x, dtype, packed, _ = case(k)
-        source = narrow_source(x, narrow)
-        got = tile_torch.pack(source, dtype).numpy().reshape(-1)
-        assert np.array_equal(got, packed), k
+        got = tile_torch.pack(narrow_source(x, narrow).to(device), dtype)
+        assert np.array_equal(got.cpu().numpy().reshape(-1), packed), k
 
 
 @pytest.fixture(scope="module")

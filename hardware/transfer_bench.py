@@ -7,13 +7,20 @@ the same run and against the same peer:
 
 - raw socket throughput: ``sendall`` -> ``recv_into`` of the whole size over loopback TCP,
   the ceiling for any TCP-based transport on this machine;
-- transport throughput: one batch of 16 MiB one-sided reads of the whole size;
-- CPU seconds per GB that both processes spent on each of those two (on a machine with few
-  cores a TCP-based engine that copies through its own buffers is CPU-bound, not link-bound);
+- transport throughput: one batch of 16 MiB one-sided reads of the whole size (the batch
+  alone, from post to completion);
+- the integrity cost: whole pulls of the same plain bytes with the per-segment MACs
+  (``hardware.wire``) and without, as GB/s of payload;
+- CPU seconds per GB that both processes spent on the raw socket and the transport (on a
+  machine with few cores a TCP-based engine that copies through its own buffers is CPU-bound,
+  not link-bound);
 - each mechanism's latency, from the decode side's pull request to the KV cache usable in its
-  pool (prefill-side transformation or staging copy, transfer, decode-side re-layout).
+  pool (prefill-side transformation or staging copy, transfer, MAC check, decode-side
+  re-layout).
 
-Medians of ``repeats``. Latency rows are ``(size_mb, mechanism, latency_s)``.
+Medians of ``repeats``. Latency rows are ``(size_mb, mechanism, latency_s)``. A prefill
+process that fails shows its own error (``BenchFailed``); one that does not answer within
+``start_timeout_s`` is stopped. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -21,12 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
+import selectors
 import socket
 import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -37,9 +45,64 @@ from hardware.mechanisms import MECHANISMS, MIB
 
 DEFAULT_SIZES_MB = (10, 20, 40, 80, 160, 320, 640, 1280)
 CHUNK = 16 * MIB
+START_TIMEOUT_S = 300.0
+# Bytes held across both processes per byte of KV, about: the prefill side's paged cache, its
+# transformed copy, its send buffer and the plain payload; the decode side's read target,
+# its mechanism's receive buffers and its rebuilt copy.
+MEMORY_FACTOR = 8
+
+
+class BenchFailed(Exception):
+    """The benchmark could not run (bad input, a prefill process failing or not starting)."""
+
+
+def check_request(size_mb: float, num_layers: int) -> int:
+    """The request's KV bytes for ``size_mb``; ``BenchFailed`` if it cannot be built."""
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise BenchFailed(f"num-layers {num_layers!r}: need a whole number >= 1")
+    probe = mechanisms.make_request(MIB, num_layers=num_layers)
+    per_token = probe.token_bytes // probe.num_tokens
+    if not size_mb > 0 or size_mb * MIB < per_token:
+        raise BenchFailed(f"size {size_mb:g} MB: smaller than one token's KV cache over "
+                          f"{num_layers} layers ({per_token} B)")
+    return per_token * max(1, int(size_mb * MIB) // per_token)
+
+
+def check_memory(sizes_mb, available: int | None = None) -> None:
+    """Refuse sizes whose run would not fit this machine's available memory."""
+    if available is None:
+        available = _available_bytes()
+    need = MEMORY_FACTOR * max(sizes_mb) * MIB
+    if available is not None and need > available:
+        raise BenchFailed(f"size {max(sizes_mb):g} MB needs about {need / 1e9:.1f} GB "
+                          f"({MEMORY_FACTOR}x the KV size across both processes), but "
+                          f"{available / 1e9:.1f} GB are available")
+
+
+def _available_bytes() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 # -- the prefill process ---------------------------------------------------------------------
+class PlainSource:
+    """``"plain/<i>"`` is ``nbytes`` of fixed bytes; anything else goes to the mechanisms."""
+
+    def __init__(self, nbytes: int, other) -> None:
+        self.payload, self.other = np.full(nbytes, 7, np.uint8), other
+
+    def __call__(self, request_id: str, dest: dict):
+        from hardware.transport import Prepared
+        if request_id.startswith("plain/"):
+            return Prepared(self.payload, {"nbytes": self.payload.size})
+        return self.other(request_id, dest)
+
+
 def serve(size_bytes: int, transport: str, device: str, num_layers: int, seed: int) -> None:
     from hardware.protocol import PrefillServer
     from hardware.transport import make_transport
@@ -50,8 +113,8 @@ def serve(size_bytes: int, transport: str, device: str, num_layers: int, seed: i
     largest = max(req.token_bytes, sum(req.tt.region_sizes),                # GN-HAWK
                   req.num_tensors * req.block_table.size * req.gpu.block_bytes)  # GG-Direct
     send = np.ones(largest + (1 << 16), np.uint8)
-    server = PrefillServer(t, send, mechanisms.MechanismSource(layers, req),
-                           os.environ["HAWK_TOKEN"])
+    source = PlainSource(req.token_bytes, mechanisms.MechanismSource(layers, req))
+    server = PrefillServer(t, send, source, os.environ["HAWK_TOKEN"])
     raw = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_raw_sender, args=(raw, send), daemon=True).start()
     print(json.dumps({"address": list(server.address), "raw_port": raw.getsockname()[1],
@@ -82,8 +145,9 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_per_gb(pids, fn, nbytes: int, repeats: int) -> tuple[float, float]:
-    """Run ``fn`` (which returns a median time); also the CPU seconds per GB both sides spent."""
+def cpu_per_gb(pids, fn, nbytes: int, repeats: int) -> tuple[object, float]:
+    """Run ``fn`` (``repeats + 1`` moves of ``nbytes``); its result and the CPU seconds per GB
+    both sides spent."""
     before = sum(cpu_s(p) for p in pids)
     median = fn()
     spent = sum(cpu_s(p) for p in pids) - before
@@ -108,24 +172,54 @@ def raw_socket_s(port: int, nbytes: int, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def transport_s(t, client, nbytes: int, repeats: int) -> float:
-    from hardware.plan import TransferPlan
+class PlainSink:
+    """Decode-side sink for ``plain/<i>``: one buffer, read in ``CHUNK`` writes; it records
+    when the batch starts (``plan``) and when the bytes are usable (``complete``)."""
 
-    dst = np.zeros(nbytes, np.uint8)
-    region = t.register_buffer(dst)
+    def __init__(self, t, nbytes: int) -> None:
+        self.t, self.dst = t, np.zeros(nbytes, np.uint8)
+        self.regions = [t.register_buffer(self.dst)]
+        self.marks: list[float] = []
+
+    def reserve(self, request_id: str) -> dict:
+        return {}
+
+    def plan(self, request_id: str, dest: dict, meta: dict):
+        from hardware.plan import TransferPlan
+        n = self.dst.size
+        starts = np.arange(0, n, CHUNK, dtype=np.int64)
+        self.marks.append(time.perf_counter())
+        return TransferPlan("plain", starts, np.zeros_like(starts), starts,
+                            np.minimum(CHUNK, n - starts), n, (n,))
+
+    def complete(self, request_id: str, meta: dict) -> None:
+        self.marks.append(time.perf_counter())
+
+    def release(self, request_id: str) -> None:
+        pass
+
+    def close(self) -> None:
+        self.t.release(self.regions[0])
+
+
+def plain_pulls(t, address, token: str, nbytes: int, repeats: int, integrity: bool):
+    """Median seconds of whole pulls of ``nbytes`` plain bytes, and of their batches alone
+    (from post to the bytes usable; with ``integrity`` that includes the MAC check)."""
+    from hardware.protocol import DecodeClient
+
+    sink = PlainSink(t, nbytes)
     try:
-        starts = np.arange(0, nbytes, CHUNK, dtype=np.int64)
-        plan = TransferPlan("raw", starts, np.zeros_like(starts), starts,
-                            np.minimum(CHUNK, nbytes - starts), nbytes, (nbytes,))
-        t.submit(plan, client.send_region, [region], op="read", timeout_s=600)  # warm-up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            t.submit(plan, client.send_region, [region], op="read", timeout_s=600)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        with DecodeClient(t, sink, address, token, timeout_s=600,
+                          integrity=integrity) as client:
+            pulls = []
+            for i in range(repeats + 1):                     # the first one warms up
+                start = time.perf_counter()
+                client.pull(f"plain/{i}")
+                pulls.append(time.perf_counter() - start)
+        batches = [b - a for a, b in zip(sink.marks[2::2], sink.marks[3::2])]
+        return statistics.median(pulls[1:]), statistics.median(batches)
     finally:
-        t.release(region)
+        sink.close()
 
 
 def mechanism_s(t, address, token: str, mechanism: str, req, repeats: int) -> float:
@@ -144,56 +238,125 @@ def mechanism_s(t, address, token: str, mechanism: str, req, repeats: int) -> fl
         sink.close()
 
 
-def bench_size(size_mb: float, args, t) -> dict:
-    from hardware.protocol import DecodeClient
-
-    token = secrets.token_hex(16)
+def start_prefill(size_mb: float, args, token: str, log) -> tuple:
+    """Start the prefill process; ``(process, its hello)`` once it serves."""
     env = {**os.environ, "HAWK_TOKEN": token, "GLOG_minloglevel": "2"}
     cmd = [sys.executable, "-m", "hardware.transfer_bench", "--serve",
            "--size-bytes", str(int(size_mb * MIB)), "--transport", args.transport,
            "--device", args.device, "--num-layers", str(args.num_layers), "--seed", str(args.seed)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
-    try:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"prefill process exited with {proc.wait()} before serving")
-        hello = json.loads(line)
-        address, nbytes = tuple(hello["address"]), hello["nbytes"]
-        req = mechanisms.make_request(int(size_mb * MIB), num_layers=args.num_layers,
-                                      seed=args.seed)
-        pids = (os.getpid(), proc.pid)
-        raw, raw_cpu = cpu_per_gb(pids, lambda: raw_socket_s(hello["raw_port"], nbytes,
-                                                             args.repeats), nbytes, args.repeats)
-        probe = mechanisms.MechanismSink("GN-HAWK", t, req)
-        with DecodeClient(t, probe, address, token) as client:
-            moved, moved_cpu = cpu_per_gb(pids, lambda: transport_s(t, client, nbytes,
-                                                                    args.repeats),
-                                          nbytes, args.repeats)
-        probe.close()
-        rows = [{"size_mb": size_mb, "mechanism": m,
-                 "latency_s": mechanism_s(t, address, token, m, req, args.repeats)}
-                for m in args.mechanisms]
-        return {"rows": rows, "nbytes": nbytes, "raw_socket_s": raw, "transport_s": moved,
-                "raw_socket_cpu_s_per_gb": raw_cpu, "transport_cpu_s_per_gb": moved_cpu}
-    finally:
+    return spawn(cmd, env, getattr(args, "start_timeout_s", START_TIMEOUT_S), log,
+                 f"prefill process for {size_mb:g} MB")
+
+
+def spawn(cmd: list, env: dict, timeout_s: float, log, what: str) -> tuple:
+    """Run ``cmd`` (stderr to ``log``) until it prints its one-line JSON hello; a child that
+    exits or stays silent for ``timeout_s`` is a ``BenchFailed`` showing its stderr."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout_s)
+    line = proc.stdout.readline() if ready else ""
+    if line:
+        return proc, json.loads(line)
+    if not ready:
         proc.kill()
         proc.wait(timeout=30)
+        raise BenchFailed(f"{what} did not start serving within {timeout_s:g} s{_tail(log)}")
+    raise BenchFailed(f"{what} exited with {proc.wait()} before serving{_tail(log)}")
+
+
+def _tail(log, lines: int = 12) -> str:
+    """The end of a child's stderr, for an error message."""
+    log.flush()
+    log.seek(0)
+    text = [ln.rstrip() for ln in log.read().decode(errors="replace").splitlines()
+            if ln.strip()]
+    return (":\n  " + "\n  ".join(text[-lines:])) if text else " (it wrote nothing to stderr)"
+
+
+def bench_size(size_mb: float, args, t, progress) -> dict:
+    from hardware.protocol import new_token
+
+    token = new_token()
+    with tempfile.TemporaryFile() as log:
+        proc, hello = start_prefill(size_mb, args, token, log)
+        try:
+            return measure(size_mb, args, t, proc, hello, token, progress)
+        except Exception as e:
+            if proc.poll() is not None:
+                raise BenchFailed(f"prefill process for {size_mb:g} MB exited with "
+                                  f"{proc.returncode} during the run ({e}){_tail(log)}") from e
+            raise
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def measure(size_mb: float, args, t, proc, hello: dict, token: str, progress) -> dict:
+    address, nbytes = tuple(hello["address"]), hello["nbytes"]
+    req = mechanisms.make_request(int(size_mb * MIB), num_layers=args.num_layers,
+                                  seed=args.seed)
+    pids = (os.getpid(), proc.pid)
+    progress(f"{size_mb:g} MB raw socket")
+    raw, raw_cpu = cpu_per_gb(pids, lambda: raw_socket_s(hello["raw_port"], nbytes,
+                                                         args.repeats), nbytes, args.repeats)
+    progress(f"{size_mb:g} MB pulls without MACs")
+    (unchecked, moved), moved_cpu = cpu_per_gb(pids, lambda: plain_pulls(
+        t, address, token, nbytes, args.repeats, integrity=False), nbytes, args.repeats)
+    progress(f"{size_mb:g} MB pulls with MACs")
+    checked, _ = plain_pulls(t, address, token, nbytes, args.repeats, integrity=True)
+    rows = []
+    for m in args.mechanisms:
+        progress(f"{size_mb:g} MB {m}")
+        rows.append({"size_mb": size_mb, "mechanism": m,
+                     "latency_s": mechanism_s(t, address, token, m, req, args.repeats)})
+    return {"rows": rows, "nbytes": nbytes, "raw_socket_s": raw, "transport_s": moved,
+            "raw_socket_cpu_s_per_gb": raw_cpu, "transport_cpu_s_per_gb": moved_cpu,
+            "checked_pull_s": checked, "unchecked_pull_s": unchecked}
+
+
+def _progress(total: int):
+    """A step counter on stderr: tqdm when installed, plain lines otherwise."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        done = [0]
+
+        def step(what: str) -> None:
+            done[0] += 1
+            print(f"transfer-bench [{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
+        return step, lambda: None
+    bar = tqdm(total=total, desc="transfer-bench", unit="step", file=sys.stderr)
+
+    def step(what: str) -> None:
+        bar.set_postfix_str(what)
+        bar.update(1)
+    return step, bar.close
 
 
 def run(args) -> dict:
     from hardware.transport import make_transport
 
+    check_memory(args.sizes)
+    for size in args.sizes:
+        check_request(size, args.num_layers)
+    step, done = _progress(len(args.sizes) * (3 + len(args.mechanisms)))
     t = make_transport(args.transport, host="127.0.0.1", protocol="tcp")
     try:
-        per_size = [bench_size(s, args, t) for s in args.sizes]
+        per_size = [bench_size(s, args, t, step) for s in args.sizes]
     finally:
+        done()
         t.close()
     total = sum(p["nbytes"] for p in per_size)
     raw = total / sum(p["raw_socket_s"] for p in per_size) / 1e9
     moved = total / sum(p["transport_s"] for p in per_size) / 1e9
     largest = per_size[-1]
+    checked = total / sum(p["checked_pull_s"] for p in per_size) / 1e9
+    unchecked = total / sum(p["unchecked_pull_s"] for p in per_size) / 1e9
     return {
+        "integrity": {"check": "HMAC-SHA256 per segment, keyed by the run token",
+                      "checked_pull_gb_per_s": checked, "unchecked_pull_gb_per_s": unchecked,
+                      "checked_to_unchecked": checked / unchecked},
         "rows": [r for p in per_size for r in p["rows"]],
         "raw_socket_gb_per_s": raw,
         "transport_gb_per_s": moved,
@@ -205,7 +368,9 @@ def run(args) -> dict:
                       "raw_socket_gb_per_s": p["nbytes"] / p["raw_socket_s"] / 1e9,
                       "transport_gb_per_s": p["nbytes"] / p["transport_s"] / 1e9,
                       "raw_socket_cpu_s_per_gb": p["raw_socket_cpu_s_per_gb"],
-                      "transport_cpu_s_per_gb": p["transport_cpu_s_per_gb"]}
+                      "transport_cpu_s_per_gb": p["transport_cpu_s_per_gb"],
+                      "checked_pull_gb_per_s": p["nbytes"] / p["checked_pull_s"] / 1e9,
+                      "unchecked_pull_gb_per_s": p["nbytes"] / p["unchecked_pull_s"] / 1e9}
                      for s, p in zip(args.sizes, per_size)],
         "transport": args.transport, "device": args.device, "repeats": args.repeats,
     }
@@ -243,6 +408,11 @@ def format_table(report: dict) -> str:
                  f"{raw_cpu:.3f}, transport {moved_cpu:.3f} (transport "
                  f"{moved_cpu / raw_cpu if raw_cpu > 0 else float('nan'):.2f}x the raw "
                  f"socket's CPU per GB, on {os.cpu_count()} cores)")
+    if "integrity" in report:
+        i = report["integrity"]
+        lines.append(f"integrity ({i['check']}): whole pulls {i['checked_pull_gb_per_s']:.3f} "
+                     f"GB/s checked, {i['unchecked_pull_gb_per_s']:.3f} GB/s unchecked "
+                     f"({i['checked_to_unchecked']:.2f}x)")
     return "\n".join(lines)
 
 

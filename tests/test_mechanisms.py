@@ -138,3 +138,43 @@ def test_transfer_bench_table_has_figure_9_shape():
                                 "2.50x", "50.00%", "25.00%"]
     assert "ratio 0.50x" in lines[4]
     assert "transport 3.00x the raw socket's CPU per GB" in lines[5]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num-layers", "0"], "num-layers 0: need >= 1"),
+    (["--num-layers", "two"], "num-layers 'two': a whole number"),
+    (["--sizes", "10,inf"], "need one or more sizes > 0 MB"),
+    (["--start-timeout", "-1"], "start-timeout -1: seconds > 0"),
+])
+def test_transfer_bench_refuses_bad_layers_sizes_and_timeouts(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        bench_parser().parse_args(["real", "transfer-bench", *flags])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--sizes", "0.001", "--num-layers", "80"], "smaller than one token's KV cache over 80"),
+    (["--sizes", "1e9"], "needs about"),
+])
+def test_transfer_bench_refuses_impossible_runs_before_starting(flags, message, capsys):
+    from hardware.commands import cmd_transfer_bench
+    args = bench_parser().parse_args(["real", "transfer-bench", *flags])
+    assert cmd_transfer_bench(args) == 2
+    out = capsys.readouterr().out
+    assert message in out and "Traceback" not in out
+
+
+def test_a_failing_prefill_process_shows_its_own_error(tmp_path):
+    from hardware.transfer_bench import BenchFailed, spawn
+    code = "import sys; print('loading', file=sys.stderr); raise SystemExit('no KV cache: boom')"
+    with open(tmp_path / "log", "w+b") as log, \
+            pytest.raises(BenchFailed, match=r"exited with 1 before serving:\n  loading\n  no KV "
+                                             r"cache: boom"):
+        spawn([sys.executable, "-c", code], {}, 60, log, "prefill process")
+
+
+def test_a_silent_prefill_process_is_stopped_after_the_start_timeout(tmp_path):
+    from hardware.transfer_bench import BenchFailed, spawn
+    with open(tmp_path / "log", "w+b") as log, \
+            pytest.raises(BenchFailed, match="did not start serving within 0.5 s"):
+        spawn([sys.executable, "-c", "import time; time.sleep(600)"], {}, 0.5, log, "prefill")

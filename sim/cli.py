@@ -200,6 +200,9 @@ def cmd_sweep(args) -> int:
                           f"Poisson rate, which a trace's own arrivals replace; sweep "
                           f"'hawk simulate --trace ... --rate-scale' instead")
     rates = parse_rates(args.rates)
+    from sim.config import check_sweep_size
+
+    check_sweep_size(config, rates, args.seeds, args.workers)
     if args.plot is not None:
         writable_file(args.plot, "--plot")
     seeds = range(config.seed, config.seed + args.seeds)

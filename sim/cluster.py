@@ -15,7 +15,8 @@ import simpy
 from hardware import catalog
 from policies.routing import ROUTING
 from sim import metrics
-from sim.config import ConfigError, InstanceConfig, RunConfig, provenance
+from sim.config import (ConfigError, InstanceConfig, RunConfig, check_run_size,
+                        expected_num_requests, provenance)
 from sim.decode import DecodeInstance
 from sim.ledger import Ledger
 from sim.link import KVLink
@@ -81,6 +82,7 @@ def workload_trace(config: RunConfig) -> Trace:
         if w.num_requests is not None:
             trace = trace.head(w.num_requests)
         return trace.until(w.duration_s) if w.duration_s is not None else trace
+    check_run_size(expected_num_requests(w), what="workload")
     return make_workload(w.name, w.rate, w.num_requests, w.duration_s, seed=config.seed)
 
 
@@ -100,6 +102,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     reference that lazy admission is tested against)."""
     config = config or RunConfig()
     trace = trace if trace is not None else workload_trace(config)
+    check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
     cl = config.cluster
     model = catalog.model(cl.model)
     prefill_pred, decode_pred = predictors or (make_predictor(config, cl.prefill),

@@ -115,3 +115,36 @@ def test_tp_must_divide_the_heads_on_every_instance(role, tp, heads):
     with pytest.raises(ConfigError, match=rf"cluster\.{role}\.tp = {tp} does not divide Llama "
                                           rf"3\.1 70B's {heads}"):
         RunConfig().replace(**{f"cluster.{role}.tp": tp})
+
+
+@pytest.fixture
+def small_machine(monkeypatch):
+    """A machine with 8 GB available, whatever this one has."""
+    import sim.config
+
+    monkeypatch.setattr(sim.config, "available_memory_bytes", lambda: 8e9)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"workload.num_requests": 100_000_000}, r"workload: 100,000,000 requests need about "
+                                             r"102\.7 GB .* this machine has 8\.0 GB available"),
+    ({"workload.num_requests": None, "workload.duration_s": 1e7, "workload.rate": 1000.0},
+     r"workload: 10,000,000,000 requests need about"),
+])
+def test_a_run_too_big_for_memory_is_refused_up_front(small_machine, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        simulate(RunConfig().replace(**changes))
+    assert simulate(RunConfig().replace(**{"workload.num_requests": 20})).summary[
+        "num_finished"] == 20
+
+
+def test_a_sweep_too_big_for_memory_is_refused_up_front(small_machine, capsys):
+    from sim.cli import main
+
+    assert main(["sweep", "--num-requests", "3000000", "--rates", "0.1,0.2,0.3,0.4",
+                 "--workers", "4"]) == 2
+    assert ("the sweep of 4 points: 3,000,000 requests x 4 runs side by side need about 13.5 GB"
+            in capsys.readouterr().err)
+    assert main(["sweep", "--num-requests", "10", "--rates", "0.001:100:0.0001",
+                 "--workers", "1"]) == 2
+    assert "sweep fewer points (--rates, --seeds)" in capsys.readouterr().err

@@ -110,6 +110,18 @@ def test_prefill_then_paged_decode_matches_full_sequence(model, hf, block_size, 
     assert all(not layer[:, unused].any() for layer in cache.layers)    # writes stayed in tables
 
 
+def test_extend_appends_chunks_of_any_length(model, hf):
+    full = make_tokens((2, 60), seed=9)
+    ref = hf_logits(hf, full)
+    cache = PagedKVCache.for_model(model, num_blocks=8)
+    tables = [[0, 1, 2, 3], [7, 6, 5, 4]]
+    model.prefill([full[0, :10].tolist(), full[1, :3].tolist()], cache, tables)
+    logits = model.extend([full[0, 10:60].tolist(), full[1, 3:21].tolist()], [10, 3], cache,
+                          tables, all_logits=True)                                # [2, 50, V]
+    torch.testing.assert_close(logits[0], ref[0, 10:60], atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(logits[1, :18], ref[1, 3:21], atol=ATOL, rtol=RTOL)
+
+
 def test_greedy_generate_equals_transformers_generate(model, hf):
     prompts = [make_tokens((n,), seed=10 + n).tolist() for n in (1, 9, 33, 16)]
     max_new = [12, 0, 25, 7]
@@ -188,7 +200,8 @@ def test_checkpoint_with_wrong_weights_names_them(tmp_path):
 
 @pytest.mark.parametrize("tables,message", [
     ([[0], [1]], "sequence 0: 20 tokens at block size 16 need 2 blocks; its block table has 1"),
-    ([[0, 1], [1]], "sequence 1: block 1 is used twice"),
+    ([[0, 1], [1]], "block 1 is in the tables of sequences 0 and 1"),
+    ([[2, 2], [1]], r"sequence 0: its block table repeats a block: \[2, 2\]"),
     ([[0, 9], [1]], "sequence 0: block id 9 outside 0..3"),
 ])
 def test_bad_block_tables_are_refused(model, tables, message):

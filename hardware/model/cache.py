@@ -66,22 +66,26 @@ def block_batch(chunk_lens: list[int], starts: list[int], block_tables: list[lis
     if not len(chunk_lens) == len(starts) == len(block_tables):
         raise ValueError(f"{len(chunk_lens)} chunks, {len(starts)} starts and "
                          f"{len(block_tables)} block tables: one of each per sequence")
+    if not chunk_lens:
+        raise ValueError("a step needs at least one sequence")
     owner: dict[int, int] = {}
     tables = []
     for i, (n, start, table) in enumerate(zip(chunk_lens, starts, block_tables)):
         if n <= 0 or start < 0:
             raise ValueError(f"sequence {i}: {n} new tokens after {start}; need >= 1 after >= 0")
         need = -(-(start + n) // block_size)
-        if len(table) < need:
+        ids = list(table[:need])
+        if len(ids) < need:
             raise ValueError(f"sequence {i}: {start + n} tokens at block size {block_size} "
-                             f"need {need} blocks; its block table has {len(table)}")
-        for b in table[:need]:
+                             f"need {need} blocks; its block table has {len(ids)}")
+        if len(set(ids)) < need:
+            raise ValueError(f"sequence {i}: its block table repeats a block: {ids}")
+        for b in ids:
             if not 0 <= b < num_blocks:
                 raise ValueError(f"sequence {i}: block id {b} outside 0..{num_blocks - 1}")
-            if owner.setdefault(b, i) != i or table[:need].count(b) > 1:
-                raise ValueError(f"sequence {i}: block {b} is used twice in one step "
-                                 f"(sequences {owner[b]} and {i})")
-        tables.append(list(table[:need]))
+            if owner.setdefault(b, i) != i:
+                raise ValueError(f"block {b} is in the tables of sequences {owner[b]} and {i}")
+        tables.append(ids)
     width, length = max(map(len, tables)), max(chunk_lens)
     table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
     offsets = torch.arange(length)                                                    # [T]

@@ -82,12 +82,13 @@ class Attention(nn.Module):
         k = apply_rope(self.k_proj(x).view(B, T, self.n_kv, self.d), cos, sin)     # [B, T, K, D]
         v = self.v_proj(x).view(B, T, self.n_kv, self.d)                           # [B, T, K, D]
         valid = batch.slots >= 0                                                    # [B, T]
-        flat = kv.view(2, -1, self.n_kv, self.d)                                    # [2, N*bs, K, D]
+        flat = kv.view(2, -1, self.n_kv, self.d)                                 # [2, N*bs, K, D]
         flat[0, batch.slots[valid]] = k[valid].to(kv.dtype)
         flat[1, batch.slots[valid]] = v[valid].to(kv.dtype)
+        group = self.n_head // self.n_kv                    # query heads per KV head (GQA)
         keys, values = (kv[i][batch.block_tables].flatten(1, 2).to(x.dtype)        # [B, S, K, D]
-                        .repeat_interleave(self.n_head // self.n_kv, dim=2).transpose(1, 2)
-                        for i in (0, 1))                                            # [B, H, S, D]
+                        .repeat_interleave(group, dim=2).transpose(1, 2)           # [B, H, S, D]
+                        for i in (0, 1))
         S = keys.shape[2]
         mask = torch.arange(S, device=x.device) <= batch.positions[:, :, None]      # [B, T, S]
         y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values,

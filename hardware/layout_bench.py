@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -166,8 +167,18 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = run(tokens=args.tokens, device=args.device, repeats=args.repeats, tp=args.tp,
-                 dram=args.dram, bench_layers=args.layers, threads=args.threads)
+    try:
+        import torch  # noqa: F401  (the transformation is timed with torch)
+    except ImportError:
+        print("layout_bench: needs torch, which is not installed; install the extra: "
+              "pip install -e '.[torch]'", file=sys.stderr)
+        return 2
+    try:
+        result = run(tokens=args.tokens, device=args.device, repeats=args.repeats, tp=args.tp,
+                     dram=args.dram, bench_layers=args.layers, threads=args.threads)
+    except ValueError as e:
+        print(f"layout_bench: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
 

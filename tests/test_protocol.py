@@ -13,8 +13,9 @@ from hypothesis import given, settings, strategies as st
 from hardware.plan import TransferPlan
 from hardware.protocol import DecodeClient, PrefillServer, recv_msg, send_msg
 from hardware.transport import (
-    AuthError, ChecksumMismatch, PeerLost, PlanOutOfBounds, ProtocolError, RegistrationError,
-    SendBufferExhausted, TransferFailed, TransferTimeout, UnknownRequest, make_transport,
+    AuthError, ChecksumMismatch, PeerLost, PlanOutOfBounds, ProtocolError, Region,
+    RegistrationError, SendBufferExhausted, TransferFailed, TransferTimeout, UnknownRequest,
+    make_transport,
 )
 from hardware.transport.buffers import BytesSource, Reservations, StripedSink
 from hardware.transport.loopback import LoopbackFabric
@@ -284,3 +285,191 @@ def test_reservations_never_overlap_and_release_everything(ops):
     for k in live:
         r.release(k)
     assert not r.held and r.used_bytes == 0
+
+
+# -- a third party without the token ---------------------------------------------------------
+
+class TamperingSink(StripedSink):
+    """Lets a third endpoint, which has no token, overwrite the open range before the read."""
+
+    def __init__(self, attacker, *args, **kw):
+        super().__init__(*args, **kw)
+        self.attacker, self.source = attacker, None
+
+    def plan(self, request_id, dest, meta):
+        good = super().plan(request_id, dest, meta)
+        region = self.source()
+        junk = np.full(64, 0xEE, np.uint8)
+        own = self.attacker.register_buffer(junk)
+        self.attacker.submit(TransferPlan("tamper", [0], [0], [100], [64], 64,
+                                          (region.nbytes,)), own, [region], op="write")
+        self.attacker.release(own)
+        return good
+
+
+def test_a_tokenless_writer_in_the_open_window_is_caught_by_the_mac(make_cluster):
+    c = make_cluster(payloads([32 * KIB]))
+    attacker = make_transport("loopback", fabric=c.fabric)
+    sink = TamperingSink(attacker, c.d, [np.zeros(64 * KIB, np.uint8)], 4 * KIB, 64 * KIB)
+    sink.source = lambda: c.p.open_to_peers()[0]         # it learned the address somehow
+    try:
+        with pytest.raises(ChecksumMismatch, match="1 of 1 segments differ"):
+            c.client(sink=sink).pull("r0")
+        assert not sink.reserved()
+    finally:
+        sink.close()
+        attacker.close()
+
+
+def test_nothing_is_open_to_peers_outside_a_pull(make_cluster):
+    c = make_cluster(payloads([8 * KIB]))
+    attacker = make_transport("loopback", fabric=c.fabric)
+    assert c.p.open_to_peers() == [] and c.d.open_to_peers() == []
+    client = c.client()
+    client.pull("r0")
+    assert c.p.open_to_peers() == [] and c.d.open_to_peers() == []
+    # a reader that guessed the send buffer's address and the key of the range it held
+    guess = TransferPlan("steal", [0], [0], [0], [8 * KIB], 8 * KIB, (8 * KIB,))
+    loot = np.zeros(8 * KIB, np.uint8)
+    mine = attacker.register_buffer(loot)
+    for key in range(1, 5):
+        with pytest.raises(RegistrationError, match="not inside a region open to peers"):
+            attacker.submit(guess, Region(c.send.ctypes.data, 8 * KIB, key, c.p.id), [mine],
+                            op="read")
+        with pytest.raises(RegistrationError, match="not inside a region open to peers"):
+            attacker.submit(guess, mine, [Region(c.banks[0].ctypes.data, 8 * KIB, key,
+                                                 c.d.id)], op="write")
+    assert not loot.any()
+    attacker.release(mine)
+    attacker.close()
+
+
+def test_the_hello_answer_names_no_address(make_cluster):
+    c = make_cluster(payloads([8 * KIB]))
+    s = socket.create_connection(c.server.address, timeout=30)
+    send_msg(s, {"op": "hello", "token": TOKEN, "endpoint": c.d.endpoint()})
+    reply = recv_msg(s, "test")
+    assert reply["ok"] and set(reply) == {"ok", "endpoint"}
+    s.close()
+
+
+# -- the wire: deadlines, caps, malformed messages --------------------------------------------
+
+def connect(c):
+    return socket.create_connection(c.server.address, timeout=30)
+
+
+def test_a_half_sent_frame_cannot_hold_a_server_thread(make_cluster):
+    c = make_cluster(payloads([8 * KIB]), frame_s=0.3, max_connections=2)
+    stalled = []
+    for _ in range(2):
+        s = connect(c)
+        s.sendall(struct.pack("!I", 200) + b'{"op": "hel')     # then silence
+        stalled.append(s)
+    for s in stalled:                                          # the server hangs up on each
+        assert s.recv(1 << 16) == b""
+    assert wait_until(lambda: sum("stalled: 11 of 200 B" in e for e in c.server.errors) == 2)
+    assert c.client().pull("r0").nbytes == 8 * KIB            # and both slots are free again
+    [s.close() for s in stalled]
+
+
+def test_a_connection_that_never_shows_the_token_is_closed(make_cluster):
+    c = make_cluster(payloads([8 * KIB]), frame_s=0.3)
+    s = connect(c)
+    assert s.recv(1) == b""
+    assert wait_until(lambda: any("no token within 0.3 s" in e for e in c.server.errors))
+    s.close()
+
+
+def test_half_an_answer_cannot_hold_the_client():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def half_answer():
+        conn, _ = listener.accept()
+        conn.recv(1 << 16)
+        conn.sendall(struct.pack("!I", 100) + b'{"ok": tr')    # 9 of 100 B, then silence
+        time.sleep(30)
+        conn.close()
+    threading.Thread(target=half_answer, daemon=True).start()
+    fabric = LoopbackFabric()
+    d = make_transport("loopback", fabric=fabric)
+    outcome = []
+
+    def connect_client():
+        try:
+            DecodeClient(d, None, listener.getsockname(), TOKEN, timeout_s=0.5)
+        except Exception as e:          # noqa: BLE001  (asserted below)
+            outcome.append(e)
+    t = threading.Thread(target=connect_client, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the client is still waiting for the rest of the answer"
+    assert isinstance(outcome[0], TransferTimeout)
+    assert "stalled: 9 of 100 B" in str(outcome[0])
+    listener.close()
+    d.close()
+
+
+def test_frames_are_capped_before_the_token_is_shown(make_cluster):
+    c = make_cluster(payloads([8 * KIB]))
+    s = connect(c)
+    s.sendall(struct.pack("!I", 1 << 20))                      # 1 MiB, before any token
+    reply = recv_msg(s, "test")
+    assert reply["error"] == "ProtocolError" and "exceeds 65536 B" in reply["message"]
+    assert s.recv(1) == b""
+    s.close()
+    big = c.raw()                                               # after hello: up to MAX_MESSAGE
+    send_msg(big, {"op": "reserved", "token": TOKEN, "pad": "x" * (1 << 20)})
+    assert recv_msg(big, "test") == {"ok": True, "reserved": []}
+    big.close()
+
+
+def test_connections_beyond_the_cap_are_refused_with_an_answer(make_cluster):
+    c = make_cluster(payloads([8 * KIB]), max_connections=2)
+    held = [c.raw(), c.raw()]
+    extra = connect(c)
+    reply = recv_msg(extra, "test")
+    assert reply["error"] == "ProtocolError" and "too many connections (at most 2)" in \
+        reply["message"]
+    extra.close()
+    held.pop().close()
+    assert wait_until(lambda: c.server._open_conns < 2)
+    assert c.client().pull("r0").nbytes == 8 * KIB
+    held[0].close()
+
+
+@pytest.mark.parametrize("message, error, text", [
+    ([1, 2, 3], "ProtocolError", "message is a JSON list, expected an object"),
+    ("pull", "ProtocolError", "message is a JSON str, expected an object"),
+    ({"op": "hello", "token": "tökén-ünïcode-🙂"}, "AuthError", "wrong token"),
+    ({"op": "hello", "token": 12345}, "AuthError", "wrong token"),
+    ({"op": "hello", "token": ["a"]}, "AuthError", "wrong token"),
+    ({"op": "pull", "token": TOKEN, "request_id": 7}, "ProtocolError",
+     "field 'request_id': expected a JSON string, got int"),
+    ({"op": "pull", "token": TOKEN, "request_id": "r0", "dest": [1]}, "ProtocolError",
+     "field 'dest': expected a JSON object, got list"),
+    ({"op": "pull", "token": TOKEN, "request_id": "r0", "mac": "yes"}, "ProtocolError",
+     "field 'mac': expected a JSON boolean, got str"),
+    ({"op": "hello", "token": TOKEN, "endpoint": "x"}, "ProtocolError",
+     "field 'endpoint': expected a JSON object, got str"),
+    ({"op": "done", "token": TOKEN, "request_id": None}, "ProtocolError",
+     "field 'request_id': expected a JSON string, got NoneType"),
+    ({"op": {"nested": 1}, "token": TOKEN}, "ProtocolError", "unknown op"),
+])
+def test_malformed_messages_get_an_error_answer(make_cluster, message, error, text):
+    c = make_cluster(payloads([8 * KIB]))
+    s = connect(c)
+    body = json.dumps(message).encode()
+    s.sendall(struct.pack("!I", len(body)) + body)
+    reply = recv_msg(s, "test")
+    assert reply["ok"] is False and reply["error"] == error and text in reply["message"]
+    s.close()
+    assert c.client().pull("r0").nbytes == 8 * KIB            # the server still serves
+
+
+def test_tokens_must_be_long_printable_secrets():
+    from hardware.protocol import check_token, new_token
+    for bad in ("", "short", "x" * 15, "tökén-with-accents", 12345, None, "tab\there-long-enough"):
+        with pytest.raises(ValueError, match="at least 16 characters"):
+            check_token(bad)
+    assert check_token(new_token()) and new_token() != new_token()

@@ -1,6 +1,8 @@
 """Cost of a run: device prices, tokens/s per dollar, and cost per successful request.
 
-Prices are the profile's ``[price]`` table (US dollars per device, sourced there). Cost
+Prices are the device catalog's ``price_usd`` (US dollars per device, sourced in
+``hardware/catalog/devices.toml``), unless the profile's ``[price]`` table overrides one where
+its scenario assumes a different figure (and says why there). Cost
 efficiency (docs/paper.md 5) = output tokens/s over the summed price of all prefill and decode
 devices. Cost per successful request = (capital + energy) over the run / requests finished:
 
@@ -20,11 +22,18 @@ J_PER_KWH = 3.6e6
 
 
 def device_price(profile: dict, device: str) -> float:
-    prices = profile.get("price", {})
-    if device not in prices:
-        raise ValueError(f"profile has no price for device {device!r} in [price]; has "
-                         f"{sorted(prices)}")
-    return float(prices[device])
+    """The profile's ``[price]`` override for ``device``, else the catalog's price."""
+    from hardware import catalog
+
+    known = catalog.devices()
+    overrides = profile.get("price", {})
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise ValueError(f"profile [price] names unknown device(s) {unknown}; choose from "
+                         f"{sorted(known)}")
+    if device in overrides:
+        return float(overrides[device])
+    return float(catalog.lookup(known, device, "device").price_usd)
 
 
 def devices_of(config) -> list[tuple[str, int]]:

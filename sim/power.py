@@ -1,7 +1,8 @@
 """Power and energy of a run: per device, per phase, from the simulator's busy times.
 
 A device's ASIC power is its board power in the current phase times that phase's ASIC
-fraction (both from the profile's ``[power.<device>]`` table). Over a run of ``T`` seconds a
+fraction (both from the profile's ``[power.<device>]`` table: assumptions of the scenario,
+capped by the device's board power in the catalog). Over a run of ``T`` seconds a
 prefill device is busy (prefill phase) for its instance's ``prefill_busy_s`` and idle for the
 rest; a decode device likewise with ``decode_busy_s``. Utilisation = busy / T. So
 
@@ -51,12 +52,22 @@ class PowerModel:
 
 
 def power_model(profile: dict, device: str) -> PowerModel:
-    """The ``[power.<device>]`` table of a loaded profile."""
+    """The ``[power.<device>]`` table of a loaded profile: board power per phase, never above
+    the device's board power in the catalog (the one home of that figure)."""
+    from hardware import catalog
+
     table = profile.get("power", {})
     if device not in table:
         raise ValueError(f"profile has no [power.{device}] table; has {sorted(table)}")
     names = {f.name for f in fields(PowerModel)}
-    return PowerModel(**{k: v for k, v in table[device].items() if k in names})
+    model = PowerModel(**{k: v for k, v in table[device].items() if k in names})
+    spec = catalog.devices().get(device)
+    for phase in ("idle",) + PHASES:
+        watts = getattr(model, f"{phase}_w")
+        if spec is not None and watts > spec.board_power_w:
+            raise ValueError(f"[power.{device}] {phase}_w = {watts} W exceeds the "
+                             f"{spec.board_power_w:g} W board power of the catalog's {spec.name}")
+    return model
 
 
 def profile_of(config, profile=None) -> dict:

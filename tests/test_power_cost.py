@@ -5,7 +5,8 @@ import math
 import pytest
 
 from sim.config import RunConfig
-from sim.cost import capital_usd_per_s, capex_usd, run_cost, tokens_per_s_per_dollar
+from sim.cost import (capital_usd_per_s, capex_usd, device_price, run_cost,
+                      tokens_per_s_per_dollar)
 from sim.power import PowerModel, device_energy_j, power_model, run_energy
 
 PROFILE = {
@@ -76,4 +77,53 @@ def test_paper_profile_has_power_and_price_for_its_devices():
     table = load_profile_table("paper")
     for device in ("a100-pcie", "p150a", "h100-pcie"):
         assert power_model(table, device).asic_w("decode") > 0
-        assert table["price"][device] > 0
+        assert device_price(table, device) > 0
+
+
+def test_prices_come_from_the_catalog_unless_the_profile_overrides():
+    from hardware import catalog
+    from sim.cost import device_price
+
+    assert device_price({}, "h200") == catalog.device("h200").price_usd == 35000.0
+    assert device_price({"price": {"h200": 1.0}}, "h200") == 1.0
+    with pytest.raises(ValueError, match=r"profile \[price\] names unknown device\(s\) \['h300'\]"):
+        device_price({"price": {"h300": 1.0}}, "h200")
+    assert capex_usd(CONFIG, {"price": {}}) == 4 * 10000.0 + 4 * 1349.0
+
+
+def test_the_paper_profile_lists_only_prices_it_assumes_differently():
+    from hardware import catalog
+    from sim.cost import device_price
+    from sim.predictor import load_profile_table
+
+    table = load_profile_table("paper")
+    assert table["price"] == {"a100-pcie": 9200.0}
+    assert catalog.device("a100-pcie").price_usd == 10000.0
+    for dev, spec in catalog.devices().items():
+        assert device_price(table, dev) == table["price"].get(dev, spec.price_usd)
+
+
+def test_phase_power_cannot_exceed_the_catalog_board_power():
+    over = {"power": {"a100-pcie": {**PROFILE["power"]["a100-pcie"], "prefill_w": 301.0}}}
+    with pytest.raises(ValueError, match=r"\[power\.a100-pcie\] prefill_w = 301\.0 W exceeds the "
+                                         r"300 W board power of the catalog's NVIDIA A100 PCIe"):
+        power_model(over, "a100-pcie")
+    from hardware import catalog
+    from sim.predictor import load_profile_table
+
+    table = load_profile_table("paper")
+    for dev in catalog.devices():
+        power_model(table, dev)           # every paper power table within its board power
+
+
+def test_the_paper_serving_settings_match_the_device_rules():
+    """paper.toml [serving] restates device defaults for sim/paper.py; they may not drift."""
+    from hardware import catalog
+    from sim.predictor import load_profile_table
+
+    s = load_profile_table("paper")["serving"]
+    gpu, npu = catalog.device("a100-pcie").serving, catalog.device("p150a").serving
+    assert (s["prefill_block_size"], s["gpu_decode_max_batch_size"]) == (
+        gpu.block_size, gpu.max_batch_size)
+    assert (s["npu_block_size"], s["npu_decode_max_batch_size"], s["npu_kv_blocks"]) == (
+        npu.block_size, npu.max_batch_size, npu.max_num_blocks)

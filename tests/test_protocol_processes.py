@@ -2,6 +2,7 @@
 
 import json
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -35,9 +36,11 @@ PREFILL = textwrap.dedent("""
     data = {"r0": rng.integers(0, 256, 3 << 20, dtype=np.uint8),
             "r1": rng.integers(0, 256, (1 << 20) + 5, dtype=np.uint8)}
     t = make_transport("mooncake", host="127.0.0.1", protocol="tcp")
-    server = PrefillServer(t, np.zeros(8 << 20, np.uint8), BytesSource(data),
-                           os.environ["HAWK_TOKEN"], segment_bytes=1 << 20)
-    print(json.dumps(list(server.address)), flush=True)
+    send = np.zeros(8 << 20, np.uint8)
+    server = PrefillServer(t, send, BytesSource(data), os.environ["HAWK_TOKEN"],
+                           segment_bytes=1 << 20)
+    print(json.dumps({"address": list(server.address), "engine": t.id,
+                      "send_buffer": int(send.ctypes.data)}), flush=True)
     server.serve_forever()
 """)
 
@@ -49,29 +52,47 @@ def expected(rid):
     return data[rid].tobytes()
 
 
+def read_line(proc, timeout_s=120.0) -> str:
+    """The child's next stdout line; fails (never hangs) if none comes. The limit only bounds
+    a broken run: a loaded machine slows a child down, it never makes one answer early."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout_s):
+            proc.kill()
+            pytest.fail(f"child process printed nothing within {timeout_s} s")
+    return proc.stdout.readline()
+
+
 @pytest.fixture
-def prefill_process():
+def prefill_hello():
     env = {**os.environ, "HAWK_TOKEN": TOKEN, "GLOG_minloglevel": "2"}
     proc = subprocess.Popen([sys.executable, "-c", PREFILL], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        address = tuple(json.loads(proc.stdout.readline()))
-        yield proc, address
+        hello = json.loads(read_line(proc))
+        address = tuple(hello["address"])
+        yield proc, address, hello
         if proc.poll() is None:
             held = peer_reserved(address)
             assert held == [], f"the prefill process still holds {held}"
     finally:
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
 
 
-def peer_reserved(address, timeout_s=5.0) -> list:
+@pytest.fixture
+def prefill_process(prefill_hello):
+    proc, address, _ = prefill_hello
+    return proc, address
+
+
+def peer_reserved(address, timeout_s=60.0) -> list:
     """The prefill process's send-buffer reservations, once they settle (leak check)."""
     deadline = time.monotonic() + timeout_s
     with socket.create_connection(address, timeout=timeout_s) as s:
         while True:
             send_msg(s, {"op": "reserved", "token": TOKEN})
-            held = recv_msg(s, "prefill process")["reserved"]
+            held = recv_msg(s, "prefill process", frame_s=timeout_s)["reserved"]
             if not held or time.monotonic() > deadline:
                 return held
             time.sleep(0.05)
@@ -154,15 +175,15 @@ def test_decode_killed_mid_request_releases_the_send_buffer():
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
-        assert proc.stdout.readline().strip() == "answered"
-        assert proc.wait(timeout=20) == 9
-        deadline = time.monotonic() + 5
+        assert read_line(proc).strip() == "answered"
+        assert proc.wait(timeout=120) == 9
+        deadline = time.monotonic() + 60
         while server.reserved() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not server.reserved(), "a dead decode peer must not pin the send buffer"
     finally:
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
         server.stop()
         leaks = t.live_regions()
         t.close()
@@ -190,6 +211,61 @@ def test_concurrent_pulls_share_the_send_buffer(prefill_process, decode_side):
                 errors.append(repr(e))
     threads = [threading.Thread(target=run, args=(c, r)) for c, r in zip(clients, ("r0", "r1"))]
     [th.start() for th in threads]
-    [th.join(timeout=30) for th in threads]
+    [th.join(timeout=300) for th in threads]
+    assert not any(th.is_alive() for th in threads), "a pull is still running"
     [c.close() for c in clients]
     assert not errors
+
+
+# A third process that has no token: it may know every address, and tries the control port,
+# then reads and writes over its own Mooncake engine. It prints what each attempt returned.
+INTRUDER = textwrap.dedent("""
+    import json, socket, struct, sys
+    import numpy as np
+    from mooncake.engine import TransferEngine
+    target = json.loads(sys.argv[1])
+    out = {}
+    s = socket.create_connection(tuple(target["address"]), timeout=30)
+    body = json.dumps({"op": "pull", "request_id": "r0", "token": "guessed-token-0000"}).encode()
+    s.sendall(struct.pack("!I", len(body)) + body)
+    n = struct.unpack("!I", s.recv(4, socket.MSG_WAITALL))[0]
+    out["control"] = json.loads(s.recv(n, socket.MSG_WAITALL))
+    e = TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    loot = np.zeros(1 << 20, np.uint8)
+    junk = np.full(1 << 20, 0xEE, np.uint8)
+    out["read_send_buffer"] = e.transfer_sync_read(target["engine"], loot.ctypes.data,
+                                                   target["send_buffer"], 1 << 20)
+    out["write_send_buffer"] = e.transfer_sync_write(target["engine"], junk.ctypes.data,
+                                                     target["send_buffer"], 1 << 20)
+    out["read_banks"] = e.transfer_sync_read(target["decode"], loot.ctypes.data,
+                                             target["bank"], 1 << 20)
+    out["write_banks"] = e.transfer_sync_write(target["decode"], junk.ctypes.data,
+                                               target["bank"], 1 << 20)
+    out["loot"] = int(loot.any())
+    print(json.dumps(out), flush=True)
+""")
+
+
+def test_a_tokenless_third_process_cannot_read_or_write(prefill_hello, decode_side):
+    _, address, hello = prefill_hello
+    t, sink = decode_side
+    with DecodeClient(t, sink, address, TOKEN, timeout_s=120) as client:
+        assert client.pull("r0").output == expected("r0")
+        target = {**hello, "decode": t.id, "bank": int(sink.banks[0].ctypes.data)}
+        bank_before = sink.banks[0].copy()
+        env = {**os.environ, "GLOG_minloglevel": "3"}
+        intruder = subprocess.Popen([sys.executable, "-c", INTRUDER, json.dumps(target)],
+                                    cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True)
+        try:
+            out = json.loads(read_line(intruder))
+        finally:
+            intruder.kill()
+            intruder.wait(timeout=60)
+        assert out["control"]["error"] == "AuthError"
+        for attempt in ("read_send_buffer", "write_send_buffer", "read_banks", "write_banks"):
+            assert out[attempt] != 0, f"{attempt} succeeded without the token"
+        assert out["loot"] == 0
+        assert np.array_equal(sink.banks[0], bank_before), "the decode banks were written"
+        assert client.pull("r0").output == expected("r0"), "the send buffer was not touched"

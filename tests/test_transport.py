@@ -229,3 +229,51 @@ def test_importing_the_real_path_imports_no_backend():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+# -- peer access and late writes ---------------------------------------------------------------
+
+def test_only_regions_opened_to_peers_can_be_reached(pair):
+    a, b = pair
+    src, dst = np.arange(16, dtype=np.uint8), banks(1, 16)
+    rs, closed = a.register_buffer(src), b.register_buffer(dst[0])
+    plan = make_plan([(0, 0, 0, 16)], 16, (16,))
+    with pytest.raises(RegistrationError, match="not inside a region open to peers"):
+        a.submit(plan, rs, [closed])
+    with pytest.raises(RegistrationError, match="not inside a region open to peers"):
+        b.submit(plan, Region(rs.address, 16, rs.key, a.id), [closed], op="read")
+    assert not dst[0].any() and b.open_to_peers() == []
+    b.release(closed)
+    opened = b.register_buffer(dst[0], peer_access=True)
+    assert b.open_to_peers() == [opened]
+    a.submit(plan, rs, [opened])
+    assert dst[0].tolist() == list(range(16))
+    a.release(rs), b.release(opened)
+    assert b.open_to_peers() == []
+
+
+def test_a_timed_out_batch_keeps_its_memory_until_it_settles(pair):
+    import threading
+    a, b = pair
+    src, dst = np.arange(16, dtype=np.uint8), banks(1, 16)
+    rs, rd = a.register_buffer(src, peer_access=True), b.register_buffer(dst[0])
+    late = threading.Event()
+    b.faults.hold = late
+    batch = b.post(make_plan([(0, 0, 0, 16)], 16, (16,)), rs, [rd], op="read")
+    with pytest.raises(TransferTimeout):
+        b.wait(batch, timeout_s=0.05)
+    assert not b.settled(batch)
+    freed = []
+    b.after_settled(batch, lambda: freed.append("rd"))
+    b.drain_s = 0.05
+    with pytest.raises(RegistrationError, match="is kept: a timed-out read batch of 1 writes"):
+        b.release(rd)
+    assert b.live_regions() == [rd] and freed == [] and not dst[0].any()
+    late.set()
+    b.drain_s = 60.0
+    b.release(rd)                        # waits for the write, which lands in memory still held
+    assert b.settled(batch) and freed == ["rd"]
+    assert dst[0].tolist() == list(range(16))
+    b.after_settled(batch, lambda: freed.append("now"))
+    assert freed == ["rd", "now"]
+    a.release(rs)

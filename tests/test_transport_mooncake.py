@@ -11,7 +11,7 @@ import pytest
 
 from hardware.plan import TransferPlan
 from hardware.transport import (
-    PeerLost, PlanOutOfBounds, Region, TransportUnavailable, make_transport,
+    PeerLost, PlanOutOfBounds, Region, TransferFailed, TransportUnavailable, make_transport,
 )
 from hardware.transport import verbs
 
@@ -28,7 +28,7 @@ PEER = textwrap.dedent(f"""
     from hardware.transport import make_transport
     t = make_transport("mooncake", host="127.0.0.1", protocol="tcp")
     banks = [np.zeros({BANK_BYTES}, np.uint8) for _ in range({NUM_BANKS})]
-    regions = [t.register_buffer(b).to_wire() for b in banks]
+    regions = [t.register_buffer(b, peer_access=True).to_wire() for b in banks]
     print(json.dumps({{"endpoint": t.endpoint(), "regions": regions}}), flush=True)
     for line in sys.stdin:
         if line.strip() == "crc":
@@ -136,3 +136,94 @@ def test_rdma_request_detects_silent_tcp_fallback():
         return
     with pytest.raises(TransportUnavailable, match="silently fall back to TCP"):
         make_transport("mooncake", host="127.0.0.1", protocol="rdma")
+
+
+# -- who can reach the engine ------------------------------------------------------------------
+
+def listening_sockets() -> dict:
+    """fd -> (address, port, device) of this process's listening TCP sockets."""
+    import os
+    import socket
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            dup = os.dup(int(name))
+        except OSError:
+            continue
+        try:
+            s = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)
+            continue
+        with s:
+            try:
+                if s.type == socket.SOCK_STREAM and \
+                        s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    dev = s.getsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, 16)
+                    found[int(name)] = (*s.getsockname()[:2], dev.rstrip(b"\0").decode())
+            except OSError:
+                pass
+    return found
+
+
+def test_every_engine_listener_is_pinned_to_loopback():
+    before = listening_sockets()
+    t = make_transport("mooncake", host="127.0.0.1", protocol="tcp")
+    try:
+        new = {fd: v for fd, v in listening_sockets().items() if fd not in before}
+        ports = {port for _, port, _ in new.values()}
+        assert int(t.id.rsplit(":", 1)[1]) in ports and len(new) >= 2, new   # RPC and data
+        for address, port, device in new.values():
+            assert address == "127.0.0.1" or device == "lo", \
+                f"{address}:{port} is reachable from other interfaces"
+        assert sorted((a, p) for a, p, _ in t.listeners) == sorted((a, p) for a, p, _ in
+                                                                     new.values())
+    finally:
+        t.close()
+
+
+def test_a_pinned_listener_refuses_connections_from_other_interfaces():
+    """What pinning does on this kernel: a socket listening on every address, pinned to a
+    device other than ``lo``, refuses a connection that arrives on ``lo``."""
+    import socket
+    from hardware.transport.mooncake import pin_listeners
+    others = [name for _, name in socket.if_nameindex() if name != "lo"]
+    if not others:
+        pytest.skip("no network device other than lo to pin to")
+    for device, reachable in ((others[0], False), ("lo", True)):
+        listener = socket.create_server(("0.0.0.0", 0))
+        port = listener.getsockname()[1]
+        assert pin_listeners({listener.fileno(): ("0.0.0.0", port)}, device, port) == \
+            [("0.0.0.0", port, device)]
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=30).close()
+            connected = True
+        except ConnectionRefusedError:
+            connected = False
+        listener.close()
+        assert connected == reachable, f"pinned to {device}"
+
+
+def test_listeners_cannot_be_pinned_for_a_foreign_host():
+    with pytest.raises(TransportUnavailable, match="192.0.2.254.*not an address of a network"):
+        make_transport("mooncake", host="192.0.2.254", protocol="tcp")
+
+
+def test_local_only_regions_are_not_registered_with_the_engine(local):
+    """A region registered without peer access is invisible to a peer; the engine refuses."""
+    mine = np.full(4096, 3, np.uint8)
+    region = local.register_buffer(mine)
+    assert local.open_to_peers() == []
+    other = make_transport("mooncake", host="127.0.0.1", protocol="tcp")
+    try:
+        loot = np.zeros(4096, np.uint8)
+        rl = other.register_buffer(loot)
+        plan = TransferPlan("steal", [0], [0], [0], [4096], 4096, (4096,))
+        with pytest.raises(TransferFailed):
+            other.submit(plan, Region(region.address, 4096, owner=local.id), [rl], op="read",
+                         timeout_s=20)
+        assert not loot.any()
+        other.release(rl)
+    finally:
+        other.close()
+    local.release(region)

@@ -277,3 +277,14 @@ def test_a_timed_out_batch_keeps_its_memory_until_it_settles(pair):
     b.after_settled(batch, lambda: freed.append("now"))
     assert freed == ["rd", "now"]
     a.release(rs)
+
+
+def test_buffers_and_protocol_do_not_import_each_other():
+    """The types both use (Prepared, Region, the errors) live in transport.base."""
+    code = ("import sys, hardware.transport.buffers; "
+            "print('hardware.protocol' in sys.modules, 'hardware.wire' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False"]
+    assert "hardware.protocol" not in (ROOT / "hardware/transport/buffers.py").read_text()

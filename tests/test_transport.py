@@ -287,4 +287,4 @@ def test_buffers_and_protocol_do_not_import_each_other():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "False"]
-    assert "hardware.protocol" not in (ROOT / "hardware/transport/buffers.py").read_text()
+    assert "from hardware.protocol" not in (ROOT / "hardware/transport/buffers.py").read_text()

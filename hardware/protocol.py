@@ -52,27 +52,13 @@ from hardware.transport.base import (  # noqa: F401  (Prepared: a public name ke
     TransportError, UnknownRequest, buffer_address,
 )
 from hardware.transport.buffers import Reservations
-from hardware.wire import (  # noqa: F401  (MAX_MESSAGE, ERRORS: public names kept here)
-    ERRORS, MAX_HELLO, MAX_MESSAGE, NoMessage, error_reply, raise_for_reply, received_macs,
-    recv_msg, segment_macs, send_msg, verify_macs,
+from hardware.wire import (  # noqa: F401  (ERRORS, new_token...: public names kept here)
+    ERRORS, MAX_HELLO, MAX_MESSAGE, MIN_TOKEN, NoMessage, check_token, error_reply, field,
+    mac_context, new_token, raise_for_reply, received_macs, recv_msg, segment_macs, send_msg,
+    verify_macs,
 )
 
-MIN_TOKEN = 16                     # characters of the shared secret
 DEFAULT_SEGMENT_BYTES = 4 << 20    # one MAC per this many payload bytes
-
-
-def new_token() -> str:
-    """A fresh per-run secret (32 hex characters)."""
-    return secrets.token_hex(16)
-
-
-def check_token(token) -> bytes:
-    if not isinstance(token, str) or len(token) < MIN_TOKEN or not token.isascii() \
-            or not token.isprintable():
-        raise ValueError(f"token: a printable ASCII secret of at least {MIN_TOKEN} "
-                         f"characters is required (use hardware.protocol.new_token())")
-    return token.encode()
-
 
 # -- the prefill side --------------------------------------------------------------------------
 Source = Callable[[str, dict], Prepared]    # (request id, decode side's dest) -> Prepared
@@ -207,15 +193,15 @@ class PrefillServer:
         op = msg.get("op")
         try:
             if op == "hello":
-                self.transport.connect(_field(msg, "endpoint", dict))
+                self.transport.connect(field(msg, "endpoint", dict))
                 return {"ok": True, "endpoint": self.transport.endpoint()}, False
             if op == "pull":
-                return self._pull(_field(msg, "request_id", str),
-                                  _field(msg, "dest", dict, {}),
-                                  _field(msg, "mac", bool, True), cid), False
+                return self._pull(field(msg, "request_id", str),
+                                  field(msg, "dest", dict, {}),
+                                  field(msg, "mac", bool, True), cid), False
             if op == "done":
                 with self._lock:
-                    self._release(_field(msg, "request_id", str), cid)
+                    self._release(field(msg, "request_id", str), cid)
                 return {"ok": True}, False
             if op == "reserved":
                 return {"ok": True, "reserved": sorted(self.reserved())}, False
@@ -244,7 +230,7 @@ class PrefillServer:
             if mac:
                 reply["nonce"] = secrets.token_hex(8)
                 reply["mac"] = segment_macs(_host_bytes(prepared.data), self.segment_bytes,
-                                            self._key, _context(request_id, reply))
+                                            self._key, mac_context(request_id, reply))
             with self._lock:
                 region = self.transport.register(self.base + offset, max(nbytes, 1),
                                                  peer_access=True)
@@ -281,23 +267,6 @@ class PrefillServer:
             for key in [k for k, h in self._held.items() if h.deadline < now]:
                 self.errors.append(f"request {key!r}: lease of {self.lease_s} s expired")
                 self._release(key)
-
-
-def _field(msg: dict, name: str, kind: type, default=None):
-    """``msg[name]``, checked to be a ``kind`` (``default`` when absent, if given)."""
-    if name not in msg and default is not None:
-        return default
-    value = msg.get(name)
-    if not isinstance(value, kind):
-        raise ProtocolError(f"field {name!r}: expected a JSON "
-                            f"{ {str: 'string', dict: 'object', bool: 'boolean'}[kind]}, got "
-                            f"{type(value).__name__}")
-    return value
-
-
-def _context(request_id: str, reply: dict) -> str:
-    """What each MAC is bound to besides its segment index."""
-    return f"{request_id}|{reply['nonce']}|{reply['nbytes']}|{reply['segment_bytes']}"
 
 
 def _host_bytes(data) -> np.ndarray:
@@ -363,7 +332,7 @@ class DecodeClient:
             raise PeerLost(f"{self.peer}: cannot connect ({e})") from e
         try:
             hello = self._call({"op": "hello", "endpoint": transport.endpoint()})
-            transport.connect(_field(hello, "endpoint", dict))
+            transport.connect(field(hello, "endpoint", dict))
         except BaseException:
             self._sock.close()
             raise
@@ -442,7 +411,7 @@ class DecodeClient:
                                 f"MACs, and this client checks integrity")
         seg = int(meta["segment_bytes"])
         got = received_macs(plan, self.sink.regions, meta["nbytes"], seg, self._key,
-                            _context(request_id, meta))
+                            mac_context(request_id, meta))
         verify_macs(got, meta["mac"], request_id, seg)
 
     def _done(self, request_id: str) -> None:

@@ -29,6 +29,7 @@ import ctypes
 import hashlib
 import hmac
 import json
+import secrets
 import socket
 import struct
 import time
@@ -43,8 +44,35 @@ from hardware.transport.base import (
 
 MAX_MESSAGE = 64 << 20        # bytes of one message from a peer that showed the token
 MAX_HELLO = 64 << 10          # bytes of one message before that
+MIN_TOKEN = 16                # characters of the shared secret
 ERRORS = {cls.__name__: cls for cls in (AuthError, UnknownRequest, SendBufferExhausted,
                                         ChecksumMismatch, ProtocolError)}
+
+
+def new_token() -> str:
+    """A fresh per-run secret (32 hex characters)."""
+    return secrets.token_hex(16)
+
+
+def check_token(token) -> bytes:
+    """The token's bytes; ``ValueError`` unless it is a printable ASCII secret that long."""
+    if not isinstance(token, str) or len(token) < MIN_TOKEN or not token.isascii() \
+            or not token.isprintable():
+        raise ValueError(f"token: a printable ASCII secret of at least {MIN_TOKEN} "
+                         f"characters is required (use hardware.protocol.new_token())")
+    return token.encode()
+
+
+def field(msg: dict, name: str, kind: type, default=None):
+    """``msg[name]``, checked to be a ``kind`` (``default`` when absent, if given)."""
+    if name not in msg and default is not None:
+        return default
+    value = msg.get(name)
+    if not isinstance(value, kind):
+        raise ProtocolError(f"field {name!r}: expected a JSON "
+                            f"{ {str: 'string', dict: 'object', bool: 'boolean'}[kind]}, got "
+                            f"{type(value).__name__}")
+    return value
 
 
 class NoMessage(TransferTimeout):
@@ -122,6 +150,11 @@ def raise_for_reply(reply: dict, what: str) -> dict:
         cls = ERRORS.get(reply.get("error"), ProtocolError)
         raise cls(str(reply.get("message", f"{what} failed")))
     return reply
+
+
+def mac_context(request_id: str, reply: dict) -> str:
+    """What each MAC of a pull's answer is bound to besides its segment index."""
+    return f"{request_id}|{reply['nonce']}|{reply['nbytes']}|{reply['segment_bytes']}"
 
 
 def _mac(key: bytes, context: str, index: int):

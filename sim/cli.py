@@ -200,7 +200,7 @@ def cmd_sweep(args) -> int:
                           f"Poisson rate, which a trace's own arrivals replace; sweep "
                           f"'hawk simulate --trace ... --rate-scale' instead")
     rates = parse_rates(args.rates)
-    from sim.config import check_sweep_size
+    from sim.run_size import check_sweep_size
 
     check_sweep_size(config, rates, args.seeds, args.workers)
     if args.plot is not None:

@@ -15,8 +15,7 @@ import simpy
 from hardware import catalog
 from policies.routing import ROUTING
 from sim import metrics
-from sim.config import (ConfigError, InstanceConfig, RunConfig, check_run_size,
-                        expected_num_requests, provenance)
+from sim.config import ConfigError, InstanceConfig, RunConfig, provenance
 from sim.decode import DecodeInstance
 from sim.ledger import Ledger
 from sim.link import KVLink
@@ -24,6 +23,7 @@ from sim.npu_memory import pool_for
 from sim.predictor import Predictor, RooflinePredictor, load_profile
 from sim.prefill import PrefillInstance
 from sim.router import Router
+from sim.run_size import check_run_size, expected_num_requests
 from sim.transfer import pricing_for, transfer_params
 from traces.trace import Trace
 from traces.workloads import make_workload

@@ -120,9 +120,9 @@ def test_tp_must_divide_the_heads_on_every_instance(role, tp, heads):
 @pytest.fixture
 def small_machine(monkeypatch):
     """A machine with 8 GB available, whatever this one has."""
-    import sim.config
+    import sim.run_size
 
-    monkeypatch.setattr(sim.config, "available_memory_bytes", lambda: 8e9)
+    monkeypatch.setattr(sim.run_size, "available_memory_bytes", lambda: 8e9)
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -17,7 +17,7 @@ import math
 import sys
 from pathlib import Path
 
-from sim import metrics
+from traces import metrics
 from sim.config import ConfigError, RunConfig, load_config
 from sim.transfer import MECHANISMS
 from traces.jsonout import dumps, writable_dir, writable_file

@@ -14,7 +14,7 @@ import simpy
 
 from hardware import catalog
 from policies.routing import ROUTING
-from sim import metrics
+from traces import metrics
 from sim.config import ConfigError, InstanceConfig, RunConfig, provenance
 from sim.decode import DecodeInstance
 from sim.ledger import Ledger

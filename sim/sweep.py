@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim import metrics
+from traces import metrics
 from sim.config import ConfigError, RunConfig
 
 

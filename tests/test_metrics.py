@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from sim import metrics
+from traces import metrics
 from traces.schema import RequestRecord, Status, records_from_list
 
 

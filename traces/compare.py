@@ -6,7 +6,7 @@ A plain trace file (any format ``traces.loaders`` reads) can stand in for a run:
 outcomes, so only its workload rows are filled.
 
 Both sides are judged under the same SLOs. Workload rows describe what was offered (from
-arrival instants and lengths); outcome rows are ``sim.metrics.summarize`` of the records.
+arrival instants and lengths); outcome rows are ``traces.metrics.summarize`` of the records.
 Numbers a run's ``summary.json`` adds beyond that are shown too: a replay's send lag, and,
 where the server reported its own timings (llama-server's ``timings``), the server's TTFT
 beside the client's (``server_ttft_*``, ``ttft_client_minus_server_p50_s``: queueing, HTTP and
@@ -88,7 +88,7 @@ def workload_stats(arrival_at, num_prompt_tokens, num_output_tokens) -> dict:
 
 def compare_runs(a: Run, b: Run, ttft_slo_s: float, tpot_slo_s: float) -> dict:
     """Metrics of both runs under the same SLOs, as ``{"rows": [[name, a, b], ...]}``."""
-    from sim.metrics import summarize
+    from traces.metrics import summarize
 
     sides = []
     for run in (a, b):

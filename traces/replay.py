@@ -179,7 +179,7 @@ class ReplayResult:
     endpoint: str
 
     def summary(self, ttft_slo_s: float, tpot_slo_s: float) -> dict:
-        """``sim.metrics.summarize`` plus send lag, ITL, count sources and server timings."""
+        """``traces.metrics.summarize`` plus send lag, ITL, count sources and server timings."""
         from traces.replay_summary import replay_summary
 
         return replay_summary(self, ttft_slo_s, tpot_slo_s)

@@ -18,7 +18,7 @@ import numpy as np
 
 def replay_summary(result, ttft_slo_s: float, tpot_slo_s: float) -> dict:
     """A flat dict, JSON-ready (NaN becomes None)."""
-    from sim.metrics import percentiles, summarize
+    from traces.metrics import percentiles, summarize
     from traces.schema import Status
 
     records, client = result.records, result.client
@@ -41,7 +41,7 @@ def replay_summary(result, ttft_slo_s: float, tpot_slo_s: float) -> dict:
 
 
 def _server_numbers(records, client, ok: np.ndarray) -> dict:
-    from sim.metrics import percentiles
+    from traces.metrics import percentiles
 
     out = {}
     for key in ("server_prompt_tokens_evaluated", "server_cached_tokens"):

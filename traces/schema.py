@@ -3,7 +3,7 @@
 A *trace* is a table of requests (arrival instant, prompt tokens, output tokens). A *run* of
 any kind -- the simulator, the real mode, a replay against a live endpoint -- returns one
 *record* per request: its instants, its final status and where it ran. Metrics
-(``sim.metrics``) are pure functions of records, so every mode is measured the same way.
+(``traces.metrics``) are pure functions of records, so every mode is measured the same way.
 
 Conventions (see ``docs`` in README): instants end in ``_at`` and are seconds since the
 start of the run; ``NaN`` means "never reached". Counts start with ``num_``.

@@ -24,6 +24,11 @@ from hardware.tiles import TILE, tile_format, unpack_tiles, untilize
 GPU_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
+def blocks_for(num_tokens, block_size: int):
+    """KV blocks holding ``num_tokens`` tokens (an int, or an integer array elementwise)."""
+    return -(-num_tokens // block_size)
+
+
 def _positive(**values) -> None:
     for name, value in values.items():
         if int(value) <= 0:
@@ -73,7 +78,7 @@ class GpuKVSpec:
         return 2 * self.num_blocks * self.block_bytes
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-int(num_tokens) // self.block_size)
+        return blocks_for(int(num_tokens), self.block_size)
 
     def block_offsets(self, layer: int, kv: int, block_ids) -> np.ndarray:
         """Byte offsets of blocks in the layers laid end to end (layer, K/V, block)."""
@@ -108,7 +113,7 @@ def check_block_table(block_table, num_tokens: int, block_size: int, num_blocks:
                       what: str = "block table") -> np.ndarray:
     """``block_table`` as int64, checked: enough blocks for ``num_tokens``, ids in range."""
     table = np.asarray(block_table, dtype=np.int64).reshape(-1)
-    need = -(-int(num_tokens) // block_size)
+    need = blocks_for(int(num_tokens), block_size)
     if num_tokens <= 0:
         raise ValueError(f"num_tokens {num_tokens} must be > 0")
     if table.size != need:
@@ -199,7 +204,7 @@ class TTKVSpec:
         return (2 * layer + kv) * self.tensor_bank_bytes
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-int(num_tokens) // self.block_size)
+        return blocks_for(int(num_tokens), self.block_size)
 
     def block_pages(self, block_ids) -> np.ndarray:
         """Page numbers, in order, of the given blocks (within one tensor)."""
@@ -210,7 +215,7 @@ class TTKVSpec:
 def to_tt_blocks(tokens: np.ndarray, block_size: int) -> np.ndarray:
     """``[T, H, D]`` -> ``[nb, H, block_size, D]``, zero-padding the last block."""
     t, h, d = tokens.shape
-    nb = -(-t // block_size)
+    nb = blocks_for(t, block_size)
     padded = np.zeros((nb * block_size, h, d), dtype=tokens.dtype)
     padded[:t] = tokens
     return padded.reshape(nb, block_size, h, d).transpose(0, 2, 1, 3)

@@ -40,7 +40,7 @@ import torch
 
 from hardware import layout_kernel
 from hardware.gather_index import GatherIndex, TileGather, UnitGather, prepare
-from hardware.kv_layout import GpuKVSpec
+from hardware.kv_layout import GpuKVSpec, blocks_for
 from hardware.plans import RequestTransfer
 from hardware.tile_torch import NARROW_FLOATS, Scratch, pack, pack_rows, pack_tiles
 from hardware.tiles import FACE, TILE, TILE_ELEMS, tile_format
@@ -61,7 +61,7 @@ def gather_tt_blocks(layer: torch.Tensor, gpu: GpuKVSpec, block_table: torch.Ten
         blocks = blocks.transpose(2, 3)                                # [2, n, bs, H, D]
     h, d = gpu.num_kv_heads, gpu.head_size
     tokens = blocks.reshape(2, -1, h, d)[:, :num_tokens]               # [2, T, H, D]
-    nb = -(-num_tokens // tt_block_size)
+    nb = blocks_for(num_tokens, tt_block_size)
     if nb * tt_block_size != tokens.shape[1]:
         extra = nb * tt_block_size - tokens.shape[1]
         tokens = torch.nn.functional.pad(tokens, (0, 0, 0, 0, 0, extra))   # zero tokens

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    """KV blocks holding ``tokens`` tokens."""
-    return -(-tokens // block_size)
+from hardware.kv_layout import blocks_for
 
 
 def fcfs_prefill_batch(queue: Iterable[int], prompt_lens: Sequence[int], max_batch_size: int,
@@ -22,7 +19,7 @@ def fcfs_prefill_batch(queue: Iterable[int], prompt_lens: Sequence[int], max_bat
     taken = tokens = blocks = 0
     for i in queue:
         n = prompt_lens[i]
-        need = -(-n // block_size)
+        need = blocks_for(n, block_size)
         if (taken == max_batch_size or tokens + n > max_batch_tokens
                 or blocks + need > free_blocks):
             break

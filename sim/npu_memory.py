@@ -36,12 +36,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hardware.kv_layout import blocks_for
+
 OK, WAIT, OOM = "ok", "wait", "oom"
-
-
-def _blocks(tokens, block_size: int):
-    """KV blocks for ``tokens`` (an int or an integer array)."""
-    return -(-tokens // block_size)
 
 
 class BlockPool:
@@ -60,7 +57,7 @@ class BlockPool:
         self.num_waits = 0
 
     def blocks_needed(self, num_prompt_tokens: int, num_output_tokens: int) -> int:
-        return _blocks(num_prompt_tokens + num_output_tokens, self.block_size)
+        return blocks_for(num_prompt_tokens + num_output_tokens, self.block_size)
 
     def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
         return bool(self.fits_ever_many(num_prompt_tokens, num_output_tokens))
@@ -72,7 +69,7 @@ class BlockPool:
     def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
         if request in self.held:
             raise ValueError(f"request {request!r} already holds a reservation")
-        need = -(-(num_prompt_tokens + num_output_tokens) // self.block_size)
+        need = blocks_for(num_prompt_tokens + num_output_tokens, self.block_size)
         if need > self.free_blocks:
             self.num_waits += 1
             return WAIT
@@ -114,7 +111,7 @@ class _BankGrid:
         self.num_waits = self.num_oom = 0
 
     def blocks_needed(self, num_prompt_tokens: int, num_output_tokens: int) -> int:
-        return _blocks(num_prompt_tokens + num_output_tokens, self.block_size)
+        return blocks_for(num_prompt_tokens + num_output_tokens, self.block_size)
 
     def _take_columns(self, need: int) -> np.ndarray | None:
         """Lowest ``need`` slot columns free in every bank, marked used; None if too few."""

@@ -84,7 +84,7 @@ class PrefillInstance:
         batch = (queue.popleft(),) if take == 1 else [queue.popleft() for _ in range(take)]
         lens = [prompt[i] for i in batch]
         self.queued_tokens -= sum(lens)
-        self.free_blocks -= sum([-(-n // bs) for n in lens])
+        self.free_blocks -= sum([blocks_for(n, bs) for n in lens])
         last = ledger.arrival_at[batch[-1]]
         at = last if last > now else now          # admitted ahead of its arrival (lazy router)
         start = ledger.prefill_start_at

@@ -30,6 +30,7 @@ from functools import lru_cache
 
 from hardware.catalog import DeviceSpec, ModelSpec, dtype_bytes, lookup
 from hardware.dram import DramConfig, GiB
+from hardware.kv_layout import blocks_for
 from hardware.tiles import TILE, tile_format
 
 GB = 1e9
@@ -168,7 +169,7 @@ def plan_counts(mech: Mechanism, model: ModelSpec, prefill: InstanceFacts,
     heads = _heads_per_device(model.num_kv_heads, decode.tp)
     tensors, d = 2 * model.num_layers, model.head_dim
     elem = dtype_bytes(prefill.kv_dtype)
-    gpu_blocks = -(-num_tokens // prefill.block_size)
+    gpu_blocks = blocks_for(num_tokens, prefill.block_size)
     gpu_block_bytes = int(prefill.block_size * heads * d * elem)
     token_bytes = int(tensors * num_tokens * heads * d * elem)
     transform_in = tensors * gpu_blocks * gpu_block_bytes
@@ -177,7 +178,7 @@ def plan_counts(mech: Mechanism, model: ModelSpec, prefill: InstanceFacts,
             return PlanCounts(tensors, token_bytes, token_bytes, 0, 0)
         return PlanCounts(tensors, transform_in, token_bytes, transform_in, 0)
     page = tile_format(decode.kv_dtype).tile_bytes
-    pages = -(-num_tokens // decode.block_size) * heads * (decode.block_size // TILE) * -(-d // TILE)
+    pages = blocks_for(num_tokens, decode.block_size) * heads * (decode.block_size // TILE) * -(-d // TILE)
     out = tensors * pages * page
     if mech.plan == "hawk":
         stride = DramConfig(max(decode.num_banks, 1)).aligned(page)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hardware.kv_layout import GpuKVSpec
+from hardware.kv_layout import GpuKVSpec, blocks_for
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -73,7 +73,7 @@ def block_batch(chunk_lens: list[int], starts: list[int], block_tables: list[lis
     for i, (n, start, table) in enumerate(zip(chunk_lens, starts, block_tables)):
         if n <= 0 or start < 0:
             raise ValueError(f"sequence {i}: {n} new tokens after {start}; need >= 1 after >= 0")
-        need = -(-(start + n) // block_size)
+        need = blocks_for(start + n, block_size)
         ids = list(table[:need])
         if len(ids) < need:
             raise ValueError(f"sequence {i}: {start + n} tokens at block size {block_size} "

@@ -7,6 +7,7 @@ sequence owns a contiguous run of blocks in one paged cache sized for the whole 
 
 from __future__ import annotations
 
+from hardware.kv_layout import blocks_for
 from hardware.model.cache import PagedKVCache
 
 
@@ -31,7 +32,7 @@ def greedy_generate(model, prompts: list[list[int]], max_new_tokens: list[int],
         return outputs
     tables, first = {}, 0
     for i in running:
-        n_blocks = -(-(len(prompts[i]) + max_new_tokens[i]) // block_size)
+        n_blocks = blocks_for(len(prompts[i]) + max_new_tokens[i], block_size)
         tables[i] = list(range(first, first + n_blocks))
         first += n_blocks
     cache = PagedKVCache.for_model(model, num_blocks=first, block_size=block_size)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hardware.kv_layout import blocks_for
 from hardware.model.cache import PagedKVCache, block_batch
 from hardware.model.config import LlamaConfig
 
@@ -255,7 +256,7 @@ class LlamaModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits of every position ``[B, T, V]`` of ``tokens [B, T]``, in a scratch cache."""
         B, T = tokens.shape
-        per_seq = -(-T // 16)
+        per_seq = blocks_for(T, 16)
         cache = PagedKVCache.for_model(self, num_blocks=B * per_seq)
         tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(B)]
         return self.extend(tokens.tolist(), [0] * B, cache, tables, all_logits=True)

@@ -19,12 +19,16 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 class PagedKVCache:
-    """The KV blocks of every layer, on one device."""
+    """The KV blocks of every layer, on one device.
+
+    ``quantize``: None, or a function applied to new K/V ``[N, K, D]`` before they are stored
+    (the reference run of a decode side that holds its KV in a narrower format)."""
 
     def __init__(self, spec: GpuKVSpec, device: str | torch.device = "cpu"):
         if spec.order != "NHD":
             raise ValueError(f"PagedKVCache holds NHD order, got {spec.order!r}")
         self.spec = spec
+        self.quantize = None
         self.layers = [torch.zeros(spec.physical_shape, dtype=TORCH_DTYPES[spec.dtype],
                                    device=device) for _ in range(spec.num_layers)]
 
@@ -38,6 +42,31 @@ class PagedKVCache:
                          num_kv_heads=c.num_key_value_heads, head_size=c.head_dim,
                          block_size=block_size, dtype=dtype)
         return cls(spec, device=model.device)
+
+    @property
+    def block_size(self) -> int:
+        return self.spec.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.spec.num_blocks
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, batch: "BlockBatch"):
+        """Store new ``k, v [B, T, K, D]`` of ``layer`` at ``batch.slots``; return every
+        sequence's keys and values ``[B, S, K, D]`` (S = block table width * block size)."""
+        kv = self.layers[layer]                                              # [2, N, bs, K, D]
+        valid = batch.slots >= 0                                             # [B, T]
+        flat = kv.view(2, -1, *kv.shape[-2:])                                # [2, N*bs, K, D]
+        for i, new in enumerate((k[valid], v[valid])):                       # [n, K, D]
+            flat[i, batch.slots[valid]] = (new if self.quantize is None
+                                           else self.quantize(new)).to(kv.dtype)
+        return tuple(kv[i][batch.block_tables].flatten(1, 2) for i in (0, 1))
+
+    def quantize_all(self, quantize) -> None:
+        """Pass every stored K/V through ``quantize``, and every later one (``quantize``)."""
+        for kv in self.layers:
+            kv.copy_(quantize(kv.flatten(0, 2)).view(kv.shape).to(kv.dtype))
+        self.quantize = quantize
 
     def check_fits(self, config) -> None:
         """Raise unless this cache has the layers and heads of a model with ``config``."""

@@ -137,3 +137,15 @@ def _fields(d: dict) -> dict:
             raise ValueError(f"rope_scaling of type llama3 lacks {', '.join(missing)}")
         out["rope_scaling"] = RopeScaling(**{name: rope[name] for name in LLAMA3_FIELDS})
     return out
+
+
+def tiny_config() -> LlamaConfig:
+    """The seeded tiny Llama real mode serves when no checkpoint is given (no model hub is
+    needed): 2 layers, hidden 256, 4 query and 2 KV heads of 64, Llama 3 RoPE, a context of
+    512 tokens."""
+    return LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=688,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       rope_theta=500000.0, max_position_embeddings=512,
+                       rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0,
+                                                high_freq_factor=4.0,
+                                                original_max_position_embeddings=64))

@@ -11,10 +11,32 @@ from hardware.kv_layout import blocks_for
 from hardware.model.cache import PagedKVCache
 
 
+def quantize_kv(tile_dtype: str):
+    """What K/V ``[..., D]`` read back as after a trip through NPU tile format ``tile_dtype``
+    (block floats share an exponent per 16 elements of one token's head, so tokens quantise
+    independently, as ``hardware.tiles`` packs them)."""
+    import torch
+
+    from hardware.tiles import quantize, tile_format
+
+    tile_format(tile_dtype)
+
+    def quantize_tensor(x):
+        flat = x.detach().float().cpu().reshape(-1, x.shape[-1]).numpy()     # [N, D]
+        out = torch.from_numpy(quantize(flat, tile_dtype))
+        return out.reshape(x.shape).to(device=x.device, dtype=x.dtype)
+    return quantize_tensor
+
+
 def greedy_generate(model, prompts: list[list[int]], max_new_tokens: list[int],
-                    block_size: int = 16) -> list[list[int]]:
+                    block_size: int = 16, kv_quantize=None) -> list[list[int]]:
     """The ``max_new_tokens[i]`` tokens ``model`` (a ``LlamaModel``) picks greedily after
-    ``prompts[i]``, for every i (the prompt itself is not repeated)."""
+    ``prompts[i]``, for every i (the prompt itself is not repeated).
+
+    ``kv_quantize``: a function ``[N, K, D] -> [N, K, D]`` (e.g. ``quantize_kv("bfloat8_b")``)
+    that the KV cache goes through as a disaggregated decode side receives it: the prompt's
+    K/V once prefill is done (its first token comes from the unquantised cache, as on the
+    prefill side), each decoded token's K/V as it is stored."""
     if len(prompts) != len(max_new_tokens):
         raise ValueError(f"{len(prompts)} prompts but {len(max_new_tokens)} max_new_tokens")
     limit = model.config.max_position_embeddings
@@ -37,6 +59,8 @@ def greedy_generate(model, prompts: list[list[int]], max_new_tokens: list[int],
         first += n_blocks
     cache = PagedKVCache.for_model(model, num_blocks=first, block_size=block_size)
     logits = model.prefill([prompts[i] for i in running], cache, [tables[i] for i in running])
+    if kv_quantize is not None:
+        cache.quantize_all(kv_quantize)
     while True:
         for i, token in zip(running, logits.argmax(-1).tolist()):
             outputs[i].append(token)

@@ -76,20 +76,16 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, self.n_kv * self.d, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.d, c.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, kv, batch) -> torch.Tensor:
-        """``x [B, T, C]``; ``kv`` one layer of the paged cache ``[2, N, bs, K, D]``."""
+    def forward(self, x, cos, sin, cache, layer: int, batch) -> torch.Tensor:
+        """``x [B, T, C]``; ``cache`` stores the new K/V of layer ``layer`` and hands back each
+        sequence's keys and values (``PagedKVCache`` or a tiled NPU-layout cache)."""
         B, T, _ = x.shape
         q = apply_rope(self.q_proj(x).view(B, T, self.n_head, self.d), cos, sin)   # [B, T, H, D]
         k = apply_rope(self.k_proj(x).view(B, T, self.n_kv, self.d), cos, sin)     # [B, T, K, D]
         v = self.v_proj(x).view(B, T, self.n_kv, self.d)                           # [B, T, K, D]
-        valid = batch.slots >= 0                                                    # [B, T]
-        flat = kv.view(2, -1, self.n_kv, self.d)                                 # [2, N*bs, K, D]
-        flat[0, batch.slots[valid]] = k[valid].to(kv.dtype)
-        flat[1, batch.slots[valid]] = v[valid].to(kv.dtype)
         group = self.n_head // self.n_kv                    # query heads per KV head (GQA)
-        keys, values = (kv[i][batch.block_tables].flatten(1, 2).to(x.dtype)        # [B, S, K, D]
-                        .repeat_interleave(group, dim=2).transpose(1, 2)           # [B, H, S, D]
-                        for i in (0, 1))
+        keys, values = (t.to(x.dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+                        for t in cache.update(layer, k, v, batch))                 # [B, H, S, D]
         S = keys.shape[2]
         mask = torch.arange(S, device=x.device) <= batch.positions[:, :, None]      # [B, T, S]
         y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values,
@@ -116,8 +112,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
 
-    def forward(self, x, cos, sin, kv, batch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, batch)
+    def forward(self, x, cos, sin, cache, layer, batch) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, batch)
         return x + self.mlp(self.post_attention_layernorm(x))                      # [B, T, C]
 
 
@@ -226,17 +222,16 @@ class LlamaModel(nn.Module):
             if bad:
                 raise ValueError(f"sequence {i}: token ids {bad[:5]} outside "
                                  f"0..{self.config.vocab_size - 1}")
-        spec = cache.spec
-        batch = block_batch([len(c) for c in chunks], starts, block_tables, spec.block_size,
-                            spec.num_blocks, self.device)
+        batch = block_batch([len(c) for c in chunks], starts, block_tables, cache.block_size,
+                            cache.num_blocks, self.device)
         T = max(len(c) for c in chunks)
         tokens = torch.tensor([c + [0] * (T - len(c)) for c in chunks], device=self.device)
         freqs = batch.positions[:, :, None].float() * self.inv_freq.to(self.device)  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)                                      # [B, T, D]
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         x = self.model.embed_tokens(tokens)                                          # [B, T, C]
-        for block, kv in zip(self.model.layers, cache.layers):
-            x = block(x, cos, sin, kv, batch)
+        for i, block in enumerate(self.model.layers):
+            x = block(x, cos, sin, cache, i, batch)
         if not all_logits:
             x = x[torch.arange(len(chunks), device=self.device), batch.last]         # [B, C]
         x = self.model.norm(x)

@@ -29,10 +29,12 @@ import ctypes
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import socket
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -157,27 +159,18 @@ def mac_context(request_id: str, reply: dict) -> str:
     return f"{request_id}|{reply['nonce']}|{reply['nbytes']}|{reply['segment_bytes']}"
 
 
-def _mac(key: bytes, context: str, index: int):
-    return hmac.new(key, f"{context}|{index}".encode(), hashlib.sha256)
-
-
 def segment_macs(data: np.ndarray, segment_bytes: int, key: bytes, context: str) -> list[str]:
     """HMAC-SHA256 of each ``segment_bytes`` slice of a payload (the sender's side)."""
-    return [_mac_hex(key, context, i // segment_bytes, data[i:i + segment_bytes])
-            for i in range(0, data.size, segment_bytes)]
-
-
-def _mac_hex(key: bytes, context: str, index: int, piece) -> str:
-    m = _mac(key, context, index)
-    m.update(piece)
-    return m.hexdigest()
+    starts = range(0, data.size, segment_bytes)
+    return _each(lambda i: _mac_hex(key, context, i // segment_bytes,
+                                    [data[i:i + segment_bytes]]), starts)
 
 
 def received_macs(plan: TransferPlan, regions, nbytes: int, segment_bytes: int, key: bytes,
                   context: str) -> list[str]:
     """The same MACs over the bytes as they landed: the plan's writes read back in payload
     order from the (host) destination regions; ``plan.src_offset`` is relative to the payload."""
-    macs = [_mac(key, context, i) for i in range(-(-nbytes // segment_bytes))]
+    pieces: list[list] = [[] for _ in range(-(-nbytes // segment_bytes))]
     covered = 0
     for i in np.argsort(plan.src_offset, kind="stable"):
         s, n = int(plan.src_offset[i]), int(plan.nbytes[i])
@@ -189,10 +182,26 @@ def received_macs(plan: TransferPlan, regions, nbytes: int, segment_bytes: int, 
         while piece:
             seg = s // segment_bytes
             take = min(len(piece), (seg + 1) * segment_bytes - s)
-            macs[seg].update(piece[:take])
+            pieces[seg].append(piece[:take])
             piece, s = piece[take:], s + take
         covered = s
-    return [m.hexdigest() for m in macs]
+    return _each(lambda seg: _mac_hex(key, context, seg, pieces[seg]), range(len(pieces)))
+
+
+def _mac_hex(key: bytes, context: str, index: int, pieces) -> str:
+    m = hmac.new(key, f"{context}|{index}".encode(), hashlib.sha256)
+    for piece in pieces:
+        m.update(piece)
+    return m.hexdigest()
+
+
+def _each(fn, items) -> list:
+    """``[fn(x) for x in items]``, on every core (hashing releases the GIL)."""
+    items = list(items)
+    if len(items) < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(len(items), os.cpu_count() or 1)) as pool:
+        return list(pool.map(fn, items))
 
 
 def verify_macs(got: list[str], sent: list, request_id: str, segment_bytes: int) -> None:

@@ -41,7 +41,7 @@ Errors. Backends raise only these, chained ``from`` the backend's own error::
           +-- AuthError            wrong shared token
           +-- UnknownRequest       the prefill side holds no KV cache for that id
           +-- SendBufferExhausted  no room in the prefill send buffer now: retry later
-          +-- ChecksumMismatch     received bytes differ from the sender's checksum
+          +-- ChecksumMismatch     received bytes differ from the sender's MAC
 """
 
 from __future__ import annotations

@@ -1,12 +1,25 @@
 """Batching and admission decisions, as pure functions over queue contents.
 
 The simulator and the real mode's workers call the same functions, so a policy change moves
-both. Each returns how many requests to take from the head of a FCFS queue.
+both. ``fcfs_prefill_batch`` and ``fcfs_decode_admit`` return how many requests to take from the
+head of a FCFS queue (the default, and the simulator's fast path).
+
+Prefill batching policies (``PREFILL_BATCHING``) share one signature:
+
+    pick(order, prompt_lens, done, max_batch_size, max_batch_tokens, free_blocks, block_size)
+        -> [(request, num_tokens), ...]
+
+``order`` is the queue in the order the requests may be served (arrival order, or a fairness
+policy's order, ``policies.fairness``), ``done`` maps a request to the prompt tokens already
+computed (chunked prefill; absent = 0), ``free_blocks`` the free KV blocks of the send buffer.
+A request's whole prompt takes its blocks when its first tokens are scheduled, so a request
+already started needs none. The returned pairs are the iteration's batch: each request and the
+prompt tokens it computes now; a request leaves the queue when all its tokens are computed.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from hardware.kv_layout import blocks_for
 
@@ -30,3 +43,61 @@ def fcfs_prefill_batch(queue: Iterable[int], prompt_lens: Sequence[int], max_bat
 def fcfs_decode_admit(num_waiting: int, num_running: int, max_batch_size: int) -> int:
     """Continuous batching: join as many waiting requests as the batch has room for."""
     return max(0, min(num_waiting, max_batch_size - num_running))
+
+
+Pick = Callable[..., list]
+
+
+def fcfs_token_budget(order: Sequence[int], prompt_lens: Sequence[int], done: Mapping[int, int],
+                      max_batch_size: int, max_batch_tokens: int, free_blocks: int,
+                      block_size: int) -> list[tuple[int, int]]:
+    """Whole prompts in queue order under the token budget (``fcfs_prefill_batch``)."""
+    take = fcfs_prefill_batch(order, prompt_lens, max_batch_size, max_batch_tokens,
+                              free_blocks, block_size)
+    out = []
+    for i in order:
+        if len(out) == take:
+            break
+        out.append((i, prompt_lens[i]))
+    return out
+
+
+def shortest_prompt_first(order: Sequence[int], prompt_lens: Sequence[int],
+                          done: Mapping[int, int], max_batch_size: int, max_batch_tokens: int,
+                          free_blocks: int, block_size: int) -> list[tuple[int, int]]:
+    """Whole prompts, shortest first (ties in queue order), as many as fit. Cuts mean TTFT
+    under load; a long prompt waits while shorter ones keep arriving (it can starve)."""
+    ranked = sorted(order, key=lambda i: prompt_lens[i])          # stable: ties keep order
+    return fcfs_token_budget(ranked, prompt_lens, done, max_batch_size, max_batch_tokens,
+                             free_blocks, block_size)
+
+
+def chunked_prefill(order: Sequence[int], prompt_lens: Sequence[int], done: Mapping[int, int],
+                    max_batch_size: int, max_batch_tokens: int, free_blocks: int,
+                    block_size: int) -> list[tuple[int, int]]:
+    """vLLM's chunked prefill: in queue order, each request computes as many of its remaining
+    prompt tokens as the iteration's token budget has left, so a long prompt is split over
+    iterations and short prompts behind it start sooner. Stops at the first request whose
+    blocks do not fit (no overtaking)."""
+    out: list[tuple[int, int]] = []
+    budget, blocks = max_batch_tokens, free_blocks
+    for i in order:
+        if len(out) == max_batch_size or budget == 0:
+            break
+        computed = done.get(i, 0)
+        if computed == 0:
+            need = blocks_for(prompt_lens[i], block_size)
+            if need > blocks:
+                break
+            blocks -= need
+        n = min(prompt_lens[i] - computed, budget)
+        out.append((i, n))
+        budget -= n
+    return out
+
+
+PREFILL_BATCHING: dict[str, Pick] = {
+    "fcfs": fcfs_token_budget,
+    "shortest_prompt_first": shortest_prompt_first,
+    "chunked": chunked_prefill,
+}

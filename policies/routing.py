@@ -1,22 +1,28 @@
-"""Routing: which instance gets a request. Pure functions of the instances' loads.
+"""Routing: which instance gets a request. Pure functions of what the instances hold.
 
-``route(loads, counter) -> index``: ``loads`` holds each candidate instance's outstanding work
-(tokens queued or in flight), ``counter`` is how many requests were routed before (a per-run
-count kept by the caller, so the functions stay pure). Adding a policy is one function and one
-entry in ``ROUTING``.
+``route(loads, free_blocks, counter) -> index``: ``loads`` holds each candidate instance's
+outstanding work (prompt tokens queued on a prefill instance, requests assigned to a decode
+instance), ``free_blocks`` its free KV blocks (a prefill instance's send buffer, a decode
+instance's pool), ``counter`` how many requests were routed before (a per-run count kept by the
+caller, so the functions stay pure and a run is deterministic). Ties go to the lowest index.
+Adding a policy is one function and one entry in ``ROUTING``; a user's own is named by import
+path (``--policy routing=mymodule:route``, see ``policies``).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+Route = Callable[[Sequence[float], Sequence[int], int], int]
 
-def round_robin(loads: Sequence[float], counter: int) -> int:
+
+def round_robin(loads: Sequence[float], free_blocks: Sequence[int], counter: int) -> int:
+    """Instances in turn, whatever they hold."""
     return counter % len(loads)
 
 
-def least_loaded(loads: Sequence[float], counter: int) -> int:
-    """The instance with the least outstanding work; ties go to the lowest index."""
+def least_work(loads: Sequence[float], free_blocks: Sequence[int], counter: int) -> int:
+    """The instance with the least outstanding work."""
     best = 0
     for i in range(1, len(loads)):
         if loads[i] < loads[best]:
@@ -24,7 +30,43 @@ def least_loaded(loads: Sequence[float], counter: int) -> int:
     return best
 
 
-ROUTING: dict[str, Callable[[Sequence[float], int], int]] = {
+def kv_aware(loads: Sequence[float], free_blocks: Sequence[int], counter: int) -> int:
+    """The instance with the most free KV blocks (a request routed there waits least for
+    memory); among equals, the least outstanding work."""
+    best = 0
+    for i in range(1, len(loads)):
+        if (free_blocks[i], -loads[i]) > (free_blocks[best], -loads[best]):
+            best = i
+    return best
+
+
+def power_of_two(loads: Sequence[float], free_blocks: Sequence[int], counter: int) -> int:
+    """Two instances drawn at random, the less loaded of them (Mitzenmacher's power of two
+    choices: nearly least-work balance while looking at two instances only); ties go to the
+    first draw. The draw is a
+    hash of ``counter`` (SplitMix64), so it needs no generator and is the same in every run."""
+    n = len(loads)
+    if n == 1:
+        return 0
+    h = _splitmix64(counter)
+    a = h % n
+    b = (a + 1 + (h >> 32) % (n - 1)) % n          # a second, different instance
+    return b if loads[b] < loads[a] else a         # ties: the first draw, so equal loads
+                                                   # spread evenly
+
+
+def _splitmix64(x: int) -> int:
+    mask = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+ROUTING: dict[str, Route] = {
     "round_robin": round_robin,
-    "least_loaded": least_loaded,
+    "least_work": least_work,
+    "least_loaded": least_work,       # the name older configs use
+    "kv_aware": kv_aware,
+    "power_of_two": power_of_two,
 }

@@ -48,7 +48,27 @@ def _config_from_args(args) -> RunConfig:
         changes["cluster.link.mechanism"] = args.mechanism
     if getattr(args, "oracle", False):
         changes["cluster.fast_forward"] = False
+    changes.update(policy_changes(getattr(args, "policy", None) or []))
     return config.replace(**changes) if changes else config
+
+
+#: ``--policy KIND=NAME`` -> the config key it sets (``policies`` lists the names)
+POLICY_KEYS = {"routing": "cluster.routing", "decode_routing": "cluster.decode_routing",
+               "prefill_batching": "cluster.policies.prefill_batching",
+               "fairness": "cluster.policies.fairness",
+               "admission": "cluster.decode.admission"}
+
+
+def policy_changes(assignments: list[str]) -> dict:
+    """Config changes of ``--policy`` flags, each name checked against its kind."""
+    from policies import parse_assignment, resolve
+
+    changes = {}
+    for text in assignments:
+        kind, name = parse_assignment(text)
+        resolve(kind, name)
+        changes[POLICY_KEYS[kind]] = name
+    return changes
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -61,6 +81,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tpot-slo", type=float, help="TPOT SLO in seconds")
     p.add_argument("--mechanism", choices=sorted(MECHANISMS),
                    help="KV transfer mechanism (default GN-HAWK)")
+    p.add_argument("--policy", action="append", metavar="KIND=NAME",
+                   help="a serving policy by name or module:function, e.g. routing=least-work, "
+                        "prefill_batching=chunked, fairness=weighted_fair (repeatable)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -94,7 +117,12 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
     for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
         rows.append(("failures" if k == 0 else "", reason))
     width = max(len(k) for k, _ in rows)
-    return "\n".join([head] + [f"  {k:<{width}}  {v}" for k, v in rows])
+    text = "\n".join([head] + [f"  {k:<{width}}  {v}" for k, v in rows])
+    if summary.get("tenants"):
+        from traces.tenants import format_tenants
+
+        text += "\n  per tenant:\n" + format_tenants(summary["tenants"])
+    return text
 
 
 def _capacity_rows(summary: dict) -> list[tuple[str, str]]:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import simpy
 
 from hardware import catalog
-from policies.routing import ROUTING
+from policies import resolve
 from traces import metrics
+from traces.tenants import by_tenant
 from sim.config import ConfigError, InstanceConfig, RunConfig, provenance
 from sim.decode import DecodeInstance
 from sim.ledger import Ledger
@@ -119,7 +120,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     env = simpy.Environment()
     ledger = Ledger(trace)
     link = KVLink(env, bandwidth_gb_s * 1e9, cl.link.latency_s)
-    decode_route = ROUTING[cl.decode_routing]
+    decode_route = resolve("decode_routing", cl.decode_routing)
     decodes = [DecodeInstance(env, k, ledger, decode_pred, link,
                               memory=pool_for(config, decode_blocks), pricing=pricing,
                               max_batch_size=cl.decode.max_batch_size,
@@ -129,25 +130,32 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     counter = [0]
 
     def route_to_decode(i: int, source) -> None:
-        k = decode_route([d.load for d in decodes], counter[0])
+        k = decode_route([d.load for d in decodes], [d.memory.free_blocks for d in decodes],
+                         counter[0])
         counter[0] += 1
         decodes[k].offer(i, source)
 
     # With one decode instance there is nothing to decide.
     to_decode = decodes[0].offer if len(decodes) == 1 else route_to_decode
 
+    pol = cl.policies          # FCFS batching and arrival order: the prefill fast path
+    pick = None if pol.prefill_batching == "fcfs" else resolve("prefill_batching",
+                                                                pol.prefill_batching)
+    make_fair = None if pol.fairness == "fcfs" else resolve("fairness", pol.fairness)
     prefills = [PrefillInstance(env, k, ledger, prefill_pred,
                                 max_batch_size=cl.prefill.max_batch_size,
                                 max_batch_tokens=cl.prefill.max_batch_tokens,
                                 buffer_blocks=prefill_blocks, block_size=cl.prefill.block_size,
-                                on_prefilled=to_decode)
+                                on_prefilled=to_decode, pick=pick,
+                                fairness=make_fair(pol.tenant_weights, pol.priority_tenants)
+                                if make_fair else None)
                 for k in range(cl.prefill.num_instances)]
     bar = None
     if progress and len(trace) >= 100_000:
         from tqdm import tqdm
 
         bar = tqdm(total=len(trace), desc="arrivals", unit="req", disable=None, leave=False)
-    Router(env, ledger, prefills, decodes, ROUTING[cl.routing], model.max_context, bar,
+    Router(env, ledger, prefills, decodes, resolve("routing", cl.routing), model.max_context, bar,
            eager=eager_arrivals)
     samples: list[tuple[float, int]] = []
     if monitor_interval_s is not None:
@@ -159,6 +167,9 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     wall = time.perf_counter() - wall
 
     summary = metrics.summarize(records, config.slo.ttft_s, config.slo.tpot_s)
+    tenants = by_tenant(records, config.slo.ttft_s, config.slo.tpot_s)
+    if tenants is not None:
+        summary["tenants"] = tenants
     summary["sim_wall_time_s"] = wall
     summary["simulated_time_s"] = float(env.now)
     stats = {

@@ -177,6 +177,43 @@ class LinkConfig:
 
 
 @dataclass(frozen=True)
+class PolicyConfig:
+    """Prefill batching and tenant fairness (``policies``): a name from the policy's dict or a
+    ``module:function`` import path. ``tenant_weights`` and ``priority_tenants`` feed the
+    ``weighted_fair`` policy (tenants not named weigh 1)."""
+
+    prefill_batching: str = "fcfs"
+    fairness: str = "fcfs"
+    tenant_weights: dict = field(default_factory=dict)
+    priority_tenants: tuple = ()
+
+    def __post_init__(self) -> None:
+        _check_policy("cluster.policies", "prefill_batching", self.prefill_batching)
+        _check_policy("cluster.policies", "fairness", self.fairness)
+        if not isinstance(self.tenant_weights, dict):
+            raise ConfigError(f"cluster.policies.tenant_weights must be a table of tenant = "
+                              f"weight, got {self.tenant_weights!r}")
+        for tenant, weight in self.tenant_weights.items():
+            _check_range("cluster.policies.tenant_weights", tenant, weight, 1e-9, 1e9)
+        if not isinstance(self.priority_tenants, (list, tuple)) or not all(
+                isinstance(t, str) for t in self.priority_tenants):
+            raise ConfigError(f"cluster.policies.priority_tenants must be a list of tenant "
+                              f"names, got {self.priority_tenants!r}")
+        object.__setattr__(self, "priority_tenants", tuple(self.priority_tenants))
+
+
+def _check_policy(where: str, name: str, value) -> None:
+    from policies import PolicyError, resolve
+
+    kind = "fairness" if name == "fairness" else (
+        "prefill_batching" if name == "prefill_batching" else "routing")
+    try:
+        resolve(kind, value)
+    except PolicyError as exc:
+        raise ConfigError(f"{where}.{name}: {exc}") from None
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     name: str = "chatbot"
     rate: float = 0.5                   # requests/s (Poisson)
@@ -220,14 +257,13 @@ class ClusterConfig:
     routing: str = "round_robin"
     decode_routing: str = "least_loaded"
     fast_forward: bool = True           # False: iteration-by-iteration decode (the oracle)
+    policies: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self) -> None:
-        from policies.routing import ROUTING
-
         _check_choice("cluster", "model", self.model, models())
         _check_str("cluster", "profile", self.profile)
-        _check_choice("cluster", "routing", self.routing, ROUTING)
-        _check_choice("cluster", "decode_routing", self.decode_routing, ROUTING)
+        _check_policy("cluster", "routing", self.routing)
+        _check_policy("cluster", "decode_routing", self.decode_routing)
         _check_bool("cluster", "fast_forward", self.fast_forward)
         for inst in (self.prefill, self.decode):
             _check_heads(models()[self.model], inst)
@@ -396,6 +432,7 @@ def from_dict(data: dict) -> RunConfig:
         cluster[role] = _build(InstanceConfig, cluster.get(role, {}), f"cluster.{role}",
                                role=role)
     cluster["link"] = _build(LinkConfig, cluster.get("link", {}), "cluster.link")
+    cluster["policies"] = _build(PolicyConfig, cluster.get("policies", {}), "cluster.policies")
     config = RunConfig(**{
         **{k: v for k, v in top.items() if k not in ("cluster", "workload", "slo")},
         "cluster": ClusterConfig(**cluster),

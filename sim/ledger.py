@@ -107,4 +107,5 @@ class Ledger:
             **columns,
             "num_generated_tokens": generated,
             "kv_bytes": self.kv_bytes,
+            "tenant": self.trace.tenant,              # None: the trace has no tenants
         })

@@ -7,23 +7,30 @@ arrival or a buffer release starts the next batch when it is idle. A batch of re
 ahead of their arrival (``Router.admit_until``) starts at the last one's arrival. A request's
 KV cache stays in the send buffer until the decode side has pulled it (``release``), so a slow
 decode side backs up into prefill.
+
+Other policies (``policies.batching.PREFILL_BATCHING``: shortest-prompt-first, chunked prefill;
+``policies.fairness``: per-tenant weighted fair queues) take the general path: the queue is kept
+in the fairness policy's order, the batching policy picks (request, tokens) pairs from it, and
+a request leaves the queue once all its prompt tokens are computed (``done``). The default,
+FCFS with a token budget, keeps the deque and the head-of-queue fast path.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 import numpy as np
 import simpy
 from simpy.events import Timeout
 
-from policies.batching import blocks_for, fcfs_prefill_batch
+from policies.batching import blocks_for, fcfs_prefill_batch, fcfs_token_budget
 
 
 class PrefillInstance:
     def __init__(self, env: simpy.Environment, index: int, ledger, predictor, *,
                  max_batch_size: int, max_batch_tokens: int, buffer_blocks: int,
-                 block_size: int, on_prefilled):
+                 block_size: int, on_prefilled, pick=None, fairness=None):
         self.env, self.index, self.ledger, self.predictor = env, index, ledger, predictor
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
@@ -39,6 +46,15 @@ class PrefillInstance:
         self._batch: tuple | list = ()     # the batch in progress (one at a time)
         self._span = (0.0, 0.0)            # (start, end) of the latest batch
         self.source = None                # a router admitting arrivals lazily, or None
+        self.pick, self.fairness = pick, fairness   # None, None: FCFS fast path
+        if pick is not None or fairness is not None:
+            self.queue = []               # request indices in serving order
+            self._keys: list = []         # their (fairness key, arrival count), sorted
+            self._count = 0
+            self.done: dict[int, int] = {}   # request -> prompt tokens computed so far
+            tenant = getattr(ledger.trace, "tenant", None)
+            self._tenant = tenant.tolist() if tenant is not None else None
+            self.pick = pick or fcfs_token_budget
 
     def fits_many(self, prompts: np.ndarray) -> np.ndarray:
         """Whether each prompt can ever be prefilled here (an array of prompt lengths)."""
@@ -52,7 +68,16 @@ class PrefillInstance:
 
     def enqueue(self, i: int) -> None:
         """The router admits ``i`` here (at its arrival instant)."""
-        self.queue.append(i)
+        if self.pick is None:
+            self.queue.append(i)
+        else:
+            tenant = self._tenant[i] if self._tenant is not None else ""
+            key = (self.fairness.tag(tenant, self.ledger.prompt[i]) if self.fairness else (),
+                   self._count)
+            self._count += 1
+            k = bisect.bisect(self._keys, key)
+            self._keys.insert(k, key)
+            self.queue.insert(k, i)
         self.queued_tokens += self.ledger.prompt[i]
         self.ledger.prefill_instance[i] = self.index
 
@@ -73,6 +98,8 @@ class PrefillInstance:
         now = env.now
         if source is not None:
             source.admit_until(now, self)
+        if self.pick is not None:
+            return self._next_general(now)
         prompt = self.ledger.prompt
         take = fcfs_prefill_batch(queue, prompt, self.max_batch_size, self.max_batch_tokens,
                                   self.free_blocks, self.block_size) if queue else 0
@@ -96,6 +123,39 @@ class PrefillInstance:
         self.num_batches += 1
         self._batch = batch
         Timeout(env, at - now + duration).callbacks.append(self._done)
+
+    def _next_general(self, now: float) -> None:
+        """The general path: the batching policy picks (request, tokens) from the queue in
+        the fairness policy's order; finished prompts leave the queue."""
+        prompt, ledger, queue, done = self.ledger.prompt, self.ledger, self.queue, self.done
+        picks = self.pick(queue, prompt, done, self.max_batch_size, self.max_batch_tokens,
+                          self.free_blocks, self.block_size) if queue else []
+        if not picks:
+            self._busy = False
+            return
+        self._busy = True
+        at = max(now, max(ledger.arrival_at[i] for i, _ in picks))
+        finished = []
+        for i, n in picks:
+            if i not in done:                     # first chunk: its blocks, its start
+                self.free_blocks -= blocks_for(prompt[i], self.block_size)
+                ledger.prefill_start_at[i] = at
+                done[i] = 0
+            done[i] += n
+            if done[i] == prompt[i]:
+                finished.append(i)
+        self.queued_tokens -= sum(n for _, n in picks)
+        for i in finished:
+            k = queue.index(i)
+            if self.fairness is not None:
+                self.fairness.served(self._keys[k][0])
+            del queue[k], self._keys[k], done[i]
+        duration = self.predictor.prefill_time([n for _, n in picks])
+        self.busy_time += duration
+        self._span = (at, at + duration)
+        self.num_batches += 1
+        self._batch = finished
+        Timeout(self.env, at - now + duration).callbacks.append(self._done)
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in prefill batches, for ``t`` >= the latest batch's

@@ -91,6 +91,7 @@ class Router:
             if delay > 0:
                 yield env.timeout(delay)
             self.next = i + 1
-            k = self.route([p.load for p in prefills], self.num_routed)
+            k = self.route([p.load for p in prefills], [p.free_blocks for p in prefills],
+                           self.num_routed)
             if self._admit(i, prefills[k]):
                 prefills[k].kick()

@@ -16,7 +16,7 @@ from sim.config import ConfigError, RunConfig, from_dict, load_config
     ({"workload.name": "chat"}, r"workload\.name must be one of \['chatbot', 'summarization'\]"),
     ({"slo.ttft_s": float("nan")}, r"slo\.ttft_s must be a number"),
     ({"cluster.prefill.memory_utilization": 1.5}, r"memory_utilization must be a number in \[0\.05, 1\.0\]"),
-    ({"cluster.routing": "random"}, r"cluster\.routing must be one of \['least_loaded', 'round_robin'\]"),
+    ({"cluster.routing": "random"}, r"cluster\.routing: routing policy 'random' is not one of \[.*'round_robin'\]"),
     ({"seed": -1}, r"run\.seed must be an integer in \[0, "),
     ({"cluster.prefill.tp": 2.5}, r"cluster\.prefill\.tp must be an integer"),
 ])
@@ -97,7 +97,7 @@ def test_toml_errors_name_the_file(tmp_path):
     ('[cluster.prefill]\nmemory_utilization = "0.9"\n', r"cluster\.prefill\.memory_utilization"),
     ("[cluster.decode]\nkv_dtype = 8\n", r"cluster\.decode\.kv_dtype must be one of"),
     ("[cluster.decode]\nmax_num_blocks = 2048.0\n", r"cluster\.decode\.max_num_blocks must be an"),
-    ("[cluster]\nrouting = [\"a\"]\n", r"cluster\.routing must be one of"),
+    ("[cluster]\nrouting = [\"a\"]\n", r"cluster\.routing: routing policy must be a name"),
     ("[bogus]\nx = 1\n", r"the configuration: unknown key\(s\) \['bogus'\]"),
 ])
 def test_a_wrong_toml_type_is_refused_naming_file_and_field(tmp_path, text, field):

@@ -25,6 +25,9 @@ The contract every format keeps:
 - A malformed row raises ``TraceFormatError`` naming file, line (``row`` for Parquet) and
   field. With ``skip_bad=True`` it is dropped and counted by reason. Values are never
   clipped or rewritten: a zero-token response is a bad row, not a one-token one.
+- A tenant column (``TENANT_COLUMNS``: ``tenant``, ``tenant_id``, ``customer``,
+  ``application_id`` as in Splitwise's traces, ``app``), where a file has one, becomes the
+  trace's ``tenant`` (as text; an empty cell is the tenant ``""``).
 - ``filters={column: value or values}`` keeps only matching rows (counted as filtered, not
   as bad). Column names match ignoring case, spaces and underscores (``log_type``).
 - Every value is range-checked after parsing: token counts are whole numbers in
@@ -64,6 +67,10 @@ MAX_TOKENS = 10_000_000
 MAX_REQUEST_ID = 2**53 - 1
 #: the coarsest float64 spacing an arrival instant may have at its magnitude (1 us)
 ARRIVAL_RESOLUTION_S = 1e-6
+
+
+#: columns read as the requests' tenant (names compared ignoring case, spaces, underscores)
+TENANT_COLUMNS = ("tenant", "tenantid", "customer", "customerid", "applicationid", "app")
 
 
 @dataclass(frozen=True)
@@ -345,8 +352,10 @@ def _assemble(path: Path, fmt: str, raw: RawRows, values: dict, problems: list,
         origin = f"{origin_value * scale:.9g} s"
     ids = values["request_id"][keep] if "request_id" in values else raw.index[keep]
     _check_unique(path, raw.unit, ids, raw.lines[keep], spec.request_id)
+    tenant = _tenant_column(raw)
     trace = Trace(seconds[order], values["num_prompt_tokens"][keep][order],
-                  values["num_output_tokens"][keep][order], ids[order], name=path.stem)
+                  values["num_output_tokens"][keep][order], ids[order], name=path.stem,
+                  tenant=None if tenant is None else tenant[keep][order])
     reasons: dict[str, int] = {}
     seen: set[int] = set()
     for line, name, why, _ in problems:
@@ -358,6 +367,18 @@ def _assemble(path: Path, fmt: str, raw: RawRows, values: dict, problems: list,
     report = LoadReport(str(path), fmt, raw.num_rows, len(trace), len(seen), reasons,
                         num_filtered, num_reordered, origin, notes, read_to_end)
     return trace, report
+
+
+def _tenant_column(raw: RawRows) -> np.ndarray | None:
+    """The tenant of each row, as text, from the first ``TENANT_COLUMNS`` column present."""
+    by_key = {_norm(k): k for k in raw.columns}
+    column = next((by_key[k] for k in TENANT_COLUMNS if k in by_key), None)
+    if column is None:
+        return None
+    values = raw.columns[column]
+    return np.array(["" if v is None or (isinstance(v, float) and v != v) else
+                     str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+                     for v in values], dtype=object)
 
 
 def _check_unique(path: Path, unit: str, ids: np.ndarray, lines: np.ndarray,

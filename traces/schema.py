@@ -30,6 +30,10 @@ num_generated_tokens  int64    tokens delivered to the client
 kv_bytes              int64    bytes of KV cache moved prefill -> decode (0 if none)
 ====================  =======  =========================================================
 
+Optional columns (``OPTIONAL_COLUMNS``), present only where the trace carries them, after the
+others: ``tenant`` (string), the customer or application that sent the request (a trace's
+own column, e.g. Splitwise's ``application_id``, or a synthetic generator's customers).
+
 A record's status is final: every request of a run ends in exactly one status.
 """
 
@@ -142,6 +146,7 @@ RECORD_COLUMNS: dict[str, str] = {
     "num_generated_tokens": "int64",
     "kv_bytes": "int64",
 }
+OPTIONAL_COLUMNS: dict[str, str] = {"tenant": "string"}
 INSTANT_COLUMNS = tuple(c for c in RECORD_COLUMNS if c.endswith("_at"))
 STATUS_VALUES = tuple(s.value for s in Status)
 
@@ -156,6 +161,9 @@ def records_frame(columns: dict[str, Iterable]):
     if missing:
         raise ValueError(f"records are missing columns {sorted(missing)}")
     frame = pd.DataFrame({name: np.asarray(columns[name]) for name in RECORD_COLUMNS})
+    for name in OPTIONAL_COLUMNS:
+        if columns.get(name) is not None:
+            frame[name] = np.asarray(columns[name])
     return validate_records(frame)
 
 
@@ -164,7 +172,8 @@ def validate_records(frame):
     missing = [c for c in RECORD_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"records are missing columns {missing}")
-    frame = frame[list(RECORD_COLUMNS)].astype(RECORD_COLUMNS)
+    optional = {k: v for k, v in OPTIONAL_COLUMNS.items() if k in frame.columns}
+    frame = frame[list(RECORD_COLUMNS) + list(optional)].astype({**RECORD_COLUMNS, **optional})
     bad = ~frame["status"].isin(STATUS_VALUES)
     if bad.any():
         row = int(np.flatnonzero(bad.to_numpy())[0])
@@ -187,7 +196,7 @@ def records_from_list(records: Iterable[RequestRecord]):
 def iter_records(frame) -> Iterable[RequestRecord]:
     """Frozen ``RequestRecord`` objects from a records DataFrame."""
     for row in frame.itertuples(index=False):
-        values = row._asdict()
+        values = {k: v for k, v in row._asdict().items() if k not in OPTIONAL_COLUMNS}
         values["status"] = Status(values["status"])
         yield RequestRecord(**{k: (v.item() if hasattr(v, "item") else v)
                                for k, v in values.items()})

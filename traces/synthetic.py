@@ -13,6 +13,11 @@ except ``onoff``:
 
 The first request arrives after one gap (as in ``traces.workloads``).
 
+Several customers (``Customer``: a tenant name, an arrival process and lengths) merge into one
+trace with a ``tenant`` column (``multi_tenant``); ``bursty_customers`` is the worked example
+of a service that slows down when one customer bursts: quiet Poisson customers beside one
+that sends on/off bursts far above its long-run rate.
+
 Length sources, each with ``sample(n, rng) -> (prompt, output)`` int64 arrays:
 
 - ``EmpiricalLengths``: (prompt, output) pairs drawn with replacement from a table -- a paper
@@ -218,3 +223,60 @@ def _ceil_positive(values: np.ndarray) -> np.ndarray:
     if np.any(out < 1):
         raise ValueError("fitted distribution drew a length < 1; use a positive family")
     return out.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Customer:
+    """One tenant of a multi-tenant trace: its name, arrival process and lengths."""
+
+    tenant: str
+    arrivals: ArrivalSpec
+    lengths: object          # EmpiricalLengths, WorkloadLengths or FittedLengths
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tenant, str) or not self.tenant:
+            raise ValueError(f"customer tenant must be a non-empty string, got {self.tenant!r}")
+
+
+def multi_tenant(customers: list[Customer], duration_s: float, seed: int = 0,
+                 name: str = "multi-tenant") -> Trace:
+    """Each customer's requests over ``duration_s`` seconds, merged in arrival order (ties in
+    customer order), with a ``tenant`` column and ids 0..n-1 in arrival order. Customer k
+    draws from its own generator (``SeedSequence(seed).spawn``), so adding a customer leaves
+    the others' requests as they were."""
+    if not customers:
+        raise ValueError("multi_tenant needs at least one customer")
+    names = [c.tenant for c in customers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"customer tenants must be unique, got {names}")
+    if not (math.isfinite(duration_s) and duration_s > 0):
+        raise ValueError(f"duration_s must be finite and > 0, got {duration_s}")
+    parts = []
+    for customer, child in zip(customers, np.random.SeedSequence(seed).spawn(len(customers))):
+        rng = np.random.default_rng(child)
+        times = _arrivals_until(customer.arrivals, duration_s, rng)
+        prompt, output = customer.lengths.sample(len(times), rng)
+        parts.append((times, prompt, output, np.full(len(times), customer.tenant, dtype=object)))
+    times, prompt, output, tenant = (np.concatenate(cols) for cols in zip(*parts))
+    order = np.argsort(times, kind="stable")
+    return Trace(times[order], prompt[order], output[order], np.arange(len(times)), name=name,
+                 tenant=tenant[order])
+
+
+def bursty_customers(rate: float = 0.5, num_quiet: int = 3, on_s: float = 30.0,
+                     off_s: float = 90.0, workload: str = "chatbot", duration_s: float = 1200.0,
+                     seed: int = 0) -> Trace:
+    """Customers ``quiet-1..num_quiet`` at ``rate / (num_quiet + 1)`` req/s each (Poisson) and
+    one ``bursty`` customer with the same long-run rate sent as bursts: ``on_s`` seconds at
+    ``(on_s + off_s) / on_s`` times that rate, then ``off_s`` seconds of silence. The long-run
+    total is ``rate``; during a burst the total is higher by the bursty customer's excess.
+    Lengths from the paper workload ``workload``."""
+    if num_quiet < 1:
+        raise ValueError(f"num_quiet must be >= 1, got {num_quiet}")
+    share = rate / (num_quiet + 1)
+    lengths = WorkloadLengths(workload)
+    quiet = [Customer(f"quiet-{k + 1}", ArrivalSpec("poisson", share), lengths)
+             for k in range(num_quiet)]
+    burst = ArrivalSpec("onoff", share * (on_s + off_s) / on_s, on_s=on_s, off_s=off_s)
+    return multi_tenant(quiet + [Customer("bursty", burst, lengths)], duration_s, seed,
+                        name=f"bursty-{workload}@{rate:g}")

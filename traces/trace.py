@@ -24,6 +24,7 @@ class Trace:
     num_output_tokens: np.ndarray   # [n] int64, >= 1
     request_id: np.ndarray          # [n] int64, unique
     name: str = "trace"
+    tenant: np.ndarray | None = None  # [n] str (object): customer / application id, or None
 
     def __post_init__(self) -> None:
         arrays = {
@@ -39,6 +40,13 @@ class Trace:
                                  f"expected ({n},)")
             value.setflags(write=False)
             object.__setattr__(self, key, value)
+        if self.tenant is not None:
+            tenant = np.asarray(self.tenant).astype(str).astype(object)
+            if tenant.shape != (n,):
+                raise ValueError(f"trace {self.name!r}: column tenant has shape "
+                                 f"{tenant.shape}, expected ({n},)")
+            tenant.setflags(write=False)
+            object.__setattr__(self, "tenant", tenant)
         _check(self.name, "arrival_at", arrays["arrival_at"],
                ~np.isfinite(arrays["arrival_at"]) | (arrays["arrival_at"] < 0),
                "finite and >= 0")
@@ -83,7 +91,8 @@ class Trace:
 
     def select(self, index) -> "Trace":
         return Trace(self.arrival_at[index], self.num_prompt_tokens[index],
-                     self.num_output_tokens[index], self.request_id[index], name=self.name)
+                     self.num_output_tokens[index], self.request_id[index], name=self.name,
+                     tenant=None if self.tenant is None else self.tenant[index])
 
     @property
     def duration_s(self) -> float:
@@ -92,9 +101,12 @@ class Trace:
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame({"request_id": self.request_id, "arrival_at": self.arrival_at,
-                             "num_prompt_tokens": self.num_prompt_tokens,
-                             "num_output_tokens": self.num_output_tokens})
+        frame = pd.DataFrame({"request_id": self.request_id, "arrival_at": self.arrival_at,
+                              "num_prompt_tokens": self.num_prompt_tokens,
+                              "num_output_tokens": self.num_output_tokens})
+        if self.tenant is not None:
+            frame["tenant"] = self.tenant
+        return frame
 
 
 def _check(name: str, column: str, values: np.ndarray, bad: np.ndarray, allowed: str) -> None:

@@ -340,6 +340,7 @@ def run(args) -> dict:
     check_memory(args.sizes)
     for size in args.sizes:
         check_request(size, args.num_layers)
+    os.environ.setdefault("GLOG_minloglevel", "2")      # the engine's info lines, not ours
     step, done = _progress(len(args.sizes) * (3 + len(args.mechanisms)))
     t = make_transport(args.transport, host="127.0.0.1", protocol="tcp")
     try:

@@ -1,7 +1,8 @@
 """Rate sweeps: one simulation per (rate, seed), run in parallel, and the knee.
 
 Each point is independent and deterministic (its own seed), so points run in a process pool
-(or on a Ray cluster when an address is given) and come back in the order they were asked for.
+or on Ray (``run_parallel``, shared with ``hawk compare`` and ``hawk plan``) and come back in
+the order they were asked for, with the same results either way.
 The knee is the highest rate whose SLO attainment is >= the target (90% by default). When
 attainment is still >= the target at the highest swept rate, the knee lies beyond the swept
 range (``knee_beyond_range``): the sweep shows a lower bound, not the knee.
@@ -13,6 +14,7 @@ import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -64,45 +66,69 @@ def sweep(config: RunConfig, rates, seeds=(0,), workers: int | None = None,
           progress: bool = True, ray_address: str | None = None) -> list[SweepPoint]:
     """Simulate every (rate, seed); ``workers=1`` runs in this process."""
     jobs = [(config, float(r), int(s)) for r in rates for s in seeds]
+    return run_parallel(_run_point, jobs, workers, progress, ray_address, desc="sweep")
+
+
+def run_parallel(fn, jobs: list, workers: int | None = None, progress: bool = True,
+                 ray_address: str | None = None, desc: str = "runs") -> list:
+    """``[fn(job) for job in jobs]``, in that order, on a local process pool (``workers``
+    processes; 1: in this process) or on Ray (``ray_address``: ``"local"`` starts a local
+    cluster of ``workers`` CPUs, anything else is the address of a running one). ``fn`` must be
+    a module-level function and every job deterministic, so the results are the same whichever
+    runs them (tested). A progress bar counts finished jobs on stderr."""
     if ray_address is not None:
-        return _sweep_ray(jobs, ray_address, progress)
+        return _run_ray(fn, jobs, workers, ray_address, progress, desc)
     workers = workers or min(len(jobs), os.cpu_count() or 1)
-    bar = _progress(len(jobs), progress)
-    if workers == 1:
-        points = []
+    bar = _progress(len(jobs), progress, desc)
+    results = []
+    if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
-            points.append(_run_point(job))
+            results.append(fn(job))
             bar.update()
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            points = []
-            for point in pool.map(_run_point, jobs):
-                points.append(point)
+            for result in pool.map(fn, jobs):
+                results.append(result)
                 bar.update()
     bar.close()
-    return points
+    return results
 
 
-def _sweep_ray(jobs, address: str, progress: bool) -> list[SweepPoint]:
+def _run_ray(fn, jobs, workers: int | None, address: str, progress: bool, desc: str) -> list:
     try:
         import ray
     except ImportError as exc:
         raise ConfigError("--ray needs the optional dependency: pip install 'hawk-sim[ray]'") from exc
-    ray.init(address=address, ignore_reinit_error=True)
-    remote = ray.remote(_run_point)
+    if not ray.is_initialized():
+        if address == "local":
+            # workers import this very package (a checkout may shadow the installed one)
+            root = str(Path(__file__).resolve().parents[1])
+            path = os.environ.get("PYTHONPATH")
+            ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+                     logging_level="ERROR", log_to_driver=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": root + (os.pathsep + path
+                                                                     if path else "")}})
+        else:
+            try:
+                ray.init(address=address, logging_level="ERROR")
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise ConfigError(f"--ray {address}: cannot reach a Ray cluster there "
+                                  f"({exc})") from None
+    remote = ray.remote(fn)
     refs = [remote.remote(job) for job in jobs]
-    bar = _progress(len(refs), progress)
-    for ref in refs:
-        ray.wait([ref])
-        bar.update()
+    bar = _progress(len(refs), progress, desc)
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        bar.update(len(done))
     bar.close()
     return ray.get(refs)
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, desc: str = "sweep"):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="sweep", unit="run", disable=not enabled, leave=False)
+    return tqdm(total=total, desc=desc, unit="run", disable=not enabled, leave=False)
 
 
 def summarize_sweep(points: list[SweepPoint], target: float = 0.9) -> dict:

@@ -1,0 +1,150 @@
+"""A local cluster: the router and its workers as child processes of this one.
+
+``LocalCluster(...).start()`` starts the router, reads its endpoint, starts the prefill and
+decode workers pointed at its control port (all on loopback unless ``host`` says otherwise),
+waits until every worker has joined, and returns. ``stop()`` ends every child it started (SIGINT,
+then SIGKILL after a grace period) and waits for it, so nothing outlives a run or a test.
+``kill_worker`` / ``start_worker`` are for fault drills. All share one fresh run token, passed in
+the environment (never on a command line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+from hardware.wire import new_token
+
+TOKEN_ENV = "HAWK_RUN_TOKEN"
+
+
+class ClusterError(RuntimeError):
+    """A child process did not start, or the cluster did not come up in time."""
+
+
+@dataclass
+class ClusterConfig:
+    num_prefill: int = 1
+    num_decode: int = 1
+    mechanism: str = "GN-HAWK"
+    kv_dtype: str = "bfloat8_b"
+    host: str = "127.0.0.1"
+    model: str | None = None
+    seed: int = 0
+    worker_args: list[str] = field(default_factory=list)
+    start_timeout_s: float = 180.0
+
+
+class LocalCluster:
+    def __init__(self, config: ClusterConfig, log_dir=None):
+        self.config = config
+        self.token = new_token()
+        self.log_dir = log_dir
+        self.router: subprocess.Popen | None = None
+        self.workers: dict[tuple[str, int], subprocess.Popen] = {}
+        self.endpoint = ""
+        self.control: tuple[str, int] | None = None
+        self._started = {"prefill": 0, "decode": 0}
+
+    def _env(self) -> dict:
+        return {**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1",
+                "OMP_NUM_THREADS": "1"}
+
+    def _stderr(self, name: str):
+        if self.log_dir is None:
+            return subprocess.DEVNULL
+        os.makedirs(self.log_dir, exist_ok=True)
+        return open(os.path.join(self.log_dir, f"{name}.log"), "w")
+
+    def start(self) -> "LocalCluster":
+        c = self.config
+        cmd = [sys.executable, "-m", "hardware.serve.router", "--host", c.host]
+        if c.model:
+            cmd += ["--model", c.model]
+        self.router = subprocess.Popen(cmd, env=self._env(), stdout=subprocess.PIPE,
+                                       stderr=self._stderr("router"), text=True)
+        line = self.router.stdout.readline()
+        if not line:
+            self.stop()
+            raise ClusterError(f"router exited with {self.router.wait()} before it was ready")
+        ready = json.loads(line)
+        self.endpoint, self.control = ready["http"], tuple(ready["control"])
+        try:
+            for _ in range(c.num_prefill):
+                self.start_worker("prefill")
+            for _ in range(c.num_decode):
+                self.start_worker("decode")
+            self.wait_for(c.num_prefill, c.num_decode)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_worker(self, role: str) -> tuple[str, int]:
+        c = self.config
+        cmd = [sys.executable, "-m", "hardware.serve.worker", "--role", role,
+               "--router", f"{self.control[0]}:{self.control[1]}", "--host", c.host,
+               "--mechanism", c.mechanism, "--kv-dtype", c.kv_dtype, "--seed", str(c.seed),
+               *c.worker_args]
+        if c.model:
+            cmd += ["--model", c.model]
+        key = (role, self._started[role])
+        self._started[role] += 1
+        self.workers[key] = subprocess.Popen(cmd, env=self._env(), stdout=subprocess.DEVNULL,
+                                             stderr=self._stderr(f"{role}-{key[1]}"))
+        return key
+
+    def health(self) -> dict:
+        with urllib.request.urlopen(self.endpoint + "/health", timeout=30) as r:
+            return json.loads(r.read())
+
+    def get(self, path: str):
+        with urllib.request.urlopen(self.endpoint + path, timeout=120) as r:
+            return json.loads(r.read())
+
+    def wait_for(self, num_prefill: int, num_decode: int) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while time.monotonic() < deadline:
+            h = self.health()
+            if h["prefill"] >= num_prefill and h["decode"] >= num_decode:
+                return
+            dead = [f"{r}-{i} (exit {p.returncode})" for (r, i), p in self.workers.items()
+                    if p.poll() is not None and p.returncode != -signal.SIGKILL]
+            if dead:
+                raise ClusterError(f"worker(s) {', '.join(dead)} exited while starting"
+                                   + (f"; logs in {self.log_dir}" if self.log_dir else ""))
+            time.sleep(0.2)
+        raise ClusterError(f"workers did not join within {self.config.start_timeout_s:g} s: "
+                           f"{self.health()}")
+
+    def kill_worker(self, key: tuple[str, int]) -> None:
+        proc = self.workers[key]
+        proc.kill()
+        proc.wait(timeout=30)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        procs = [p for p in self.workers.values()] + ([self.router] if self.router else [])
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=30)
+        if self.router is not None and self.router.stdout:
+            self.router.stdout.close()
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,420 @@
+"""The router: an OpenAI-compatible streaming endpoint in front of prefill and decode workers.
+
+``python -m hardware.serve.router`` (``hawk real router``) listens for HTTP on ``--port`` and
+for workers on ``--control-port`` (both on ``--host``, loopback by default), and prints one JSON
+line ``{"http": URL, "control": [host, port]}`` when ready.
+
+Endpoints: ``POST /v1/completions`` (``prompt``: a list of token ids, or text, mapped to ids
+word by word) and ``POST /v1/chat/completions`` (the last message's ``content``, ids or text),
+streaming (``stream: true``, server-sent events with one token per chunk, the usage at the end)
+or not; greedy decoding of exactly ``max_tokens`` tokens. ``GET /v1/models``, ``GET /health``;
+``GET /hawk/requests`` (every request's worker-side instants, for ``hawk real run``) and
+``GET /hawk/workers`` (each live worker's leak counters and busy time).
+
+A request goes to a prefill worker and a decode worker chosen by ``policies.routing`` over their
+outstanding tokens; the prefill worker's ``prefilled`` event sends it to the decode worker,
+which pulls the KV cache and streams the tokens back here. A worker whose control connection
+drops is dead: its in-flight requests fail (``failed_error``, "... worker N lost"), KV held for
+them elsewhere is dropped, and the others keep being served. A worker that starts again joins
+under a new index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+
+from policies import resolve
+from policies.routing import ROUTING
+
+TOKEN_ENV = "HAWK_RUN_TOKEN"
+MAX_FRAME = 64 << 20
+
+
+def prompt_key(prompt: list[int]) -> str:
+    """A short digest of a prompt's token ids (how ``hawk real run`` finds its requests)."""
+    return hashlib.sha1(json.dumps(list(prompt)).encode()).hexdigest()[:16]
+
+
+def text_to_ids(text: str, vocab_size: int) -> list[int]:
+    """Word-level ids for a text prompt (no tokenizer: a stable hash of each word)."""
+    return [int(hashlib.md5(w.encode()).hexdigest()[:8], 16) % vocab_size
+            for w in text.split()] or [0]
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict:
+    (n,) = struct.unpack("!I", await reader.readexactly(4))
+    if n > MAX_FRAME:
+        raise ValueError(f"control frame of {n} B")
+    msg = json.loads(await reader.readexactly(n))
+    if not isinstance(msg, dict):
+        raise ValueError("control frame is not a JSON object")
+    return msg
+
+
+def write_frame(writer: asyncio.StreamWriter, msg: dict) -> None:
+    body = json.dumps(msg).encode()
+    writer.write(struct.pack("!I", len(body)) + body)
+
+
+@dataclass
+class Worker:
+    role: str
+    index: int
+    writer: asyncio.StreamWriter
+    info: dict
+    load: int = 0                     # outstanding tokens
+    free_blocks: int = 0              # free KV blocks, as the worker last reported
+    alive: bool = True
+    stats: asyncio.Future | None = None
+
+
+@dataclass
+class Tracked:
+    rid: str
+    prompt: list[int]
+    max_tokens: int
+    arrival_at: float
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    status: str = "unfinished"
+    error: str = ""
+    prefill: int = -1
+    decode: int = -1
+    stage: str = "prefill"            # prefill -> transfer -> decode -> done
+    instants: dict = field(default_factory=dict)
+    num_generated: int = 0
+    kv_bytes: int = 0
+
+
+class Router:
+    def __init__(self, token: str, vocab_size: int, max_context: int,
+                 routing: str = "least_loaded"):
+        self.key = token.encode()
+        self.vocab_size, self.max_context = vocab_size, max_context
+        self.route = resolve("routing", routing)
+        self.workers: dict[str, dict[int, Worker]] = {"prefill": {}, "decode": {}}
+        self.requests: dict[str, Tracked] = {}
+        self._ids = itertools.count()
+        self._worker_ids = {"prefill": itertools.count(), "decode": itertools.count()}
+        self._routed = itertools.count()
+
+    # -- workers ----------------------------------------------------------------------------
+    async def on_worker(self, reader, writer) -> None:
+        try:
+            hello = await asyncio.wait_for(read_frame(reader), 10)
+        except Exception:  # noqa: BLE001  (garbage or silence: hang up)
+            writer.close()
+            return
+        token = hello.get("token")
+        role = hello.get("role")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.key) \
+                or role not in self.workers:
+            write_frame(writer, {"ok": False, "message": "wrong token or role"})
+            writer.close()
+            return
+        w = Worker(role, next(self._worker_ids[role]), writer, hello)
+        self.workers[role][w.index] = w
+        write_frame(writer, {"ok": True, "index": w.index})
+        self._announce_peers()
+        try:
+            while True:
+                msg = await read_frame(reader)
+                if not hmac.compare_digest(str(msg.get("token", "")).encode(), self.key):
+                    break
+                self.on_event(w, msg)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            self._lost(w)
+
+    def _announce_peers(self) -> None:
+        peers = {str(i): w.info["pull_address"] for i, w in self.workers["prefill"].items()
+                 if w.alive}
+        for w in self.alive("decode"):
+            write_frame(w.writer, {"op": "peers", "prefill": peers})
+
+    def alive(self, role: str) -> list[Worker]:
+        return [w for w in self.workers[role].values() if w.alive]
+
+    def _lost(self, w: Worker) -> None:
+        w.alive = False
+        if w.stats is not None and not w.stats.done():
+            w.stats.set_result(None)
+        for r in self.requests.values():
+            mine = (r.prefill == w.index and r.stage == "prefill") if w.role == "prefill" \
+                else (r.decode == w.index and r.stage in ("transfer", "decode"))
+            if mine and r.status == "unfinished":
+                self._fail(r, "failed_error", f"{w.role} worker {w.index} lost")
+        if w.role == "prefill":
+            self._announce_peers()
+
+    def on_event(self, w: Worker, msg: dict) -> None:
+        ev = msg.get("ev")
+        w.free_blocks = int(msg.get("free_blocks", w.free_blocks))
+        if ev == "stats":
+            if w.stats is not None and not w.stats.done():
+                w.stats.set_result(msg)
+            return
+        if ev == "tokens":
+            for rid, tok in msg["items"]:
+                r = self.requests.get(rid)
+                if r is not None and r.status == "unfinished":
+                    r.instants.setdefault("first_token_at", msg["at"])
+                    r.num_generated += 1
+                    r.events.put_nowait(("token", tok))
+            for rid in msg["finished"]:
+                r = self.requests.get(rid)
+                if r is not None and r.status == "unfinished":
+                    r.instants["finished_at"] = msg["at"]
+                    r.status, r.stage = "ok", "done"
+                    w.load -= r.max_tokens
+                    r.events.put_nowait(("done", None))
+            return
+        r = self.requests.get(msg.get("rid"))
+        if r is None or r.status != "unfinished":
+            if ev == "prefilled" and r is not None:   # failed meanwhile: free the held KV
+                write_frame(w.writer, {"op": "drop", "rid": msg["rid"]})
+            return
+        if ev == "prefilled":
+            r.instants.update(prefill_start_at=msg["prefill_start_at"],
+                              prefill_end_at=msg["prefill_end_at"])
+            w.load -= len(r.prompt)
+            d = self.workers["decode"].get(r.decode)
+            if d is None or not d.alive:
+                write_frame(w.writer, {"op": "drop", "rid": r.rid})
+                self._fail(r, "failed_error", f"decode worker {r.decode} lost")
+                return
+            r.stage = "transfer"
+            write_frame(d.writer, {"op": "decode", "rid": r.rid, "prefill": r.prefill,
+                                   "first_token": msg["first_token"],
+                                   "prompt_len": len(r.prompt), "max_tokens": r.max_tokens})
+        elif ev == "transferred":
+            r.instants.update(transfer_start_at=msg["transfer_start_at"],
+                              transfer_end_at=msg["transfer_end_at"])
+            r.kv_bytes, r.stage = int(msg["kv_bytes"]), "decode"
+        elif ev == "failed":
+            self._fail(r, str(msg.get("status", "failed_error")), str(msg.get("error", "")))
+
+    def _fail(self, r: Tracked, status: str, error: str) -> None:
+        owed = ((("prefill", r.prefill, len(r.prompt)),) if r.stage == "prefill" else ()) + (
+            ("decode", r.decode, r.max_tokens),)
+        for role, i, n in owed:
+            if i in self.workers[role]:
+                self.workers[role][i].load -= n
+        r.status, r.error, r.stage = status, error, "done"
+        r.instants.setdefault("finished_at", time.time())
+        for role, i in (("prefill", r.prefill), ("decode", r.decode)):
+            w = self.workers[role].get(i)
+            if w is not None and w.alive:
+                write_frame(w.writer, {"op": "drop", "rid": r.rid})
+        r.events.put_nowait(("error", f"{status}: {error}"))
+
+    # -- requests ---------------------------------------------------------------------------
+    def submit(self, prompt: list[int], max_tokens: int) -> Tracked:
+        prefill, decode = self.alive("prefill"), self.alive("decode")
+        if not prefill or not decode:
+            raise LookupError(f"no live workers: {len(prefill)} prefill, {len(decode)} decode")
+        n = next(self._routed)
+        p = prefill[self.route([w.load for w in prefill], [w.free_blocks for w in prefill], n)]
+        d = decode[self.route([w.load for w in decode], [w.free_blocks for w in decode], n)]
+        r = Tracked(f"r{next(self._ids)}", prompt, max_tokens, time.time(),
+                    prefill=p.index, decode=d.index)
+        self.requests[r.rid] = r
+        p.load += len(prompt)
+        d.load += max_tokens
+        write_frame(p.writer, {"op": "prefill", "rid": r.rid, "prompt": prompt})
+        return r
+
+    def parse(self, body: dict, chat: bool) -> tuple[list[int], int]:
+        """Prompt ids and max_tokens of a request body; ``ValueError`` names the bad field."""
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+                raise ValueError("messages: a non-empty list of {role, content}")
+            prompt = messages[-1].get("content")
+        else:
+            prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt = text_to_ids(prompt, self.vocab_size)
+        if not isinstance(prompt, list) or not prompt or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size
+                for t in prompt):
+            raise ValueError(f"prompt: text, or a non-empty list of token ids in "
+                             f"0..{self.vocab_size - 1}")
+        n = body.get("max_tokens", 16)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"max_tokens {n!r}: an integer >= 1")
+        if len(prompt) + n > self.max_context:
+            raise ValueError(f"{len(prompt)} prompt tokens + max_tokens {n} exceed the model's "
+                             f"context of {self.max_context}")
+        return prompt, n
+
+    def record(self, r: Tracked) -> dict:
+        return {"rid": r.rid, "prompt_key": prompt_key(r.prompt), "arrival_at": r.arrival_at,
+                "num_prompt_tokens": len(r.prompt), "max_tokens": r.max_tokens,
+                "status": r.status, "error": r.error, "prefill_instance": r.prefill,
+                "decode_instance": r.decode, "num_generated_tokens": r.num_generated,
+                "kv_bytes": r.kv_bytes, **r.instants}
+
+    async def worker_stats(self) -> list[dict]:
+        out = []
+        for role in ("prefill", "decode"):
+            for w in self.alive(role):
+                w.stats = asyncio.get_running_loop().create_future()
+                write_frame(w.writer, {"op": "stats"})
+                try:
+                    stats = await asyncio.wait_for(w.stats, 30)
+                except asyncio.TimeoutError:
+                    stats = None
+                out.append({"role": role, "index": w.index, "device": w.info.get("device"),
+                            **({k: v for k, v in (stats or {}).items()
+                                if k not in ("ev", "token")})})
+        return out
+
+
+def make_app(router: Router):
+    from aiohttp import web
+
+    async def completions(request, chat: bool):
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            prompt, n = router.parse(body, chat)
+        except ValueError as e:
+            return web.json_response({"error": {"message": str(e), "type": "invalid_request"}},
+                                     status=400)
+        try:
+            r = router.submit(prompt, n)
+        except LookupError as e:
+            return web.json_response({"error": {"message": str(e), "type": "unavailable"}},
+                                     status=503)
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(text, finish=None, usage=None) -> dict:
+            choice = {"index": 0, "finish_reason": finish}
+            choice.update({"delta": {"content": text}} if chat else {"text": text})
+            out = {"id": r.rid, "object": kind, "model": "hawk", "choices": [choice]}
+            if usage:
+                out["usage"] = usage
+            return out
+
+        usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": r.num_generated,  # noqa: E731
+                         "total_tokens": len(prompt) + r.num_generated}
+        if not body.get("stream"):
+            tokens = []
+            while True:
+                kind_, value = await r.events.get()
+                if kind_ == "token":
+                    tokens.append(value)
+                elif kind_ == "error":
+                    return web.json_response({"error": {"message": value, "type": r.status}},
+                                             status=500)
+                else:
+                    break
+            text = "".join(f" t{t}" for t in tokens)
+            return web.json_response({"id": r.rid, "object": kind.removesuffix(".chunk"),
+                                      "choices": [{"index": 0, "text": text, "token_ids": tokens,
+                                                   "finish_reason": "length"}],
+                                      "usage": usage()})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            while True:
+                kind_, value = await r.events.get()
+                if kind_ == "token":
+                    data = chunk(f" t{value}")
+                    data["choices"][0]["token_ids"] = [value]
+                elif kind_ == "error":
+                    data = {"error": {"message": value, "type": r.status}}
+                else:
+                    data = chunk("", "length", usage())
+                await resp.write(f"data: {json.dumps(data)}\n\n".encode())
+                if kind_ != "token":
+                    break
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionError, asyncio.CancelledError):
+            if r.status == "unfinished":
+                router._fail(r, "failed_error", "client went away")
+            raise
+        return resp
+
+    async def requests_log(request):
+        return web.json_response([router.record(r) for r in router.requests.values()])
+
+    async def workers(request):
+        return web.json_response(await router.worker_stats())
+
+    app = web.Application(client_max_size=MAX_FRAME)
+    app.router.add_post("/v1/completions", lambda req: completions(req, False))
+    app.router.add_post("/v1/chat/completions", lambda req: completions(req, True))
+    app.router.add_get("/v1/models", lambda req: web.json_response(
+        {"object": "list", "data": [{"id": "hawk", "object": "model"}]}))
+    app.router.add_get("/health", lambda req: web.json_response(
+        {"prefill": len(router.alive("prefill")), "decode": len(router.alive("decode"))}))
+    app.router.add_get("/hawk/requests", requests_log)
+    app.router.add_get("/hawk/workers", workers)
+    return app
+
+
+async def serve(args, token: str) -> None:
+    from aiohttp import web
+
+    from hardware.model.config import LlamaConfig, tiny_config
+
+    config = LlamaConfig.from_json(args.model) if args.model else tiny_config()
+    router = Router(token, config.vocab_size, config.max_position_embeddings, args.routing)
+    control = await asyncio.start_server(router.on_worker, args.host, args.control_port)
+    runner = web.AppRunner(make_app(router), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    cport = control.sockets[0].getsockname()[1]
+    print(json.dumps({"http": f"http://{args.host}:{port}", "control": [args.host, cport]}),
+          flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        for role in router.workers:
+            for w in router.alive(role):
+                write_frame(w.writer, {"op": "stop"})
+        control.close()
+        await runner.cleanup()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
+    p.add_argument("--port", type=int, default=0, help="HTTP port (default: any free one)")
+    p.add_argument("--control-port", type=int, default=0, help="workers' port (default: any)")
+    p.add_argument("--routing", default="least_work",
+                   help=f"routing policy: {', '.join(sorted(ROUTING))} or module:function")
+    p.add_argument("--model", help="a Hugging Face-format directory (default: the tiny Llama)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hawk real router", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    token = os.environ.get(TOKEN_ENV, "")
+    if len(token) < 16:
+        print(f"router: set {TOKEN_ENV} to the run token (16+ characters)", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(args, token))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

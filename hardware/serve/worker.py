@@ -1,0 +1,292 @@
+"""A prefill or decode worker process: ``python -m hardware.serve.worker --role prefill|decode``
+(``hawk real worker``).
+
+A worker dials the router's control port (``--router HOST:PORT``) and shows the run token
+(``HAWK_RUN_TOKEN`` in its environment); the router answers with its index. Messages are
+``hardware.wire`` frames (length-prefixed JSON)::
+
+    router -> prefill   {"op": "prefill", "rid", "prompt"} | {"op": "drop", "rid"} | stats | stop
+    prefill -> router   {"ev": "prefilled", "rid", "first_token", "prefill_start_at",
+                         "prefill_end_at"} | {"ev": "failed", "rid", "status", "error"}
+    router -> decode    {"op": "peers", "prefill": {index: [host, port]}}
+                        {"op": "decode", "rid", "prefill", "first_token", "prompt_len",
+                         "max_tokens"} | {"op": "drop", "rid"} | stats | stop
+    decode -> router    {"ev": "transferred", "rid", "transfer_start_at", "transfer_end_at",
+                         "kv_bytes"} | {"ev": "tokens", "at", "items": [[rid, token]...],
+                         "finished": [rid...]} | {"ev": "failed", ...}
+
+Instants are the worker's wall clock (``time.time()``). A prefill worker also serves pulls of
+its KV (``hardware.protocol.PrefillServer``, on ``--host``); a decode worker pulls them one
+request at a time on a transfer thread (``DecodeClient`` per prefill worker) and decodes on
+its main thread. A full send buffer (``SendBufferExhausted``) or a decode cache without free
+blocks makes the pull wait and retry: back-pressure reaches the prefill batcher as held blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+
+from hardware.wire import NoMessage, recv_msg, send_msg
+
+TOKEN_ENV = "HAWK_RUN_TOKEN"
+RETRY_S = 0.02
+
+
+class RouterLink:
+    """The worker's control connection: a reader thread into ``inbox``, locked sends."""
+
+    def __init__(self, address: tuple[str, int], token: str, hello: dict):
+        self.sock = socket.create_connection(address, timeout=30)
+        self.token, self._lock = token, threading.Lock()
+        self.send({"op": "hello", **hello})
+        self.sock.settimeout(30)
+        reply = recv_msg(self.sock, "router")
+        if not reply.get("ok"):
+            raise SystemExit(f"worker: router refused: {reply.get('message')}")
+        self.index = int(reply["index"])
+        self.inbox: queue.Queue = queue.Queue()
+        self.sock.settimeout(0.5)
+        threading.Thread(target=self._read, daemon=True, name="router-reader").start()
+
+    def send(self, msg: dict) -> None:
+        with self._lock:
+            self.sock.settimeout(30)
+            send_msg(self.sock, {**msg, "token": self.token})
+            self.sock.settimeout(0.5)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                self.inbox.put(recv_msg(self.sock, "router"))
+            except NoMessage:
+                continue
+            except Exception:  # noqa: BLE001  (router gone: stop the worker)
+                self.inbox.put({"op": "stop"})
+                return
+
+
+def load_model(args):
+    import torch
+
+    from hardware.model.config import tiny_config
+    from hardware.model.llama import LlamaModel
+
+    torch.set_num_threads(args.threads)
+    device = args.device if args.device != "auto" else (
+        "cuda" if args.role == "prefill" and torch.cuda.is_available() else "cpu")
+    if args.model:
+        return LlamaModel.load(args.model, device=device)
+    return LlamaModel.random(tiny_config(), seed=args.seed, device=device)
+
+
+def run_prefill(args, token: str) -> None:
+    import numpy as np
+
+    from hardware.protocol import PrefillServer
+    from hardware.serve.engines import PrefillEngine, PrefillJob
+    from hardware.transport import make_transport
+
+    model = load_model(args)
+    engine = PrefillEngine(model, args.num_blocks, args.max_batch_tokens, args.max_batch_size)
+    transport = make_transport(args.transport, host=args.host)
+    send_buffer = np.zeros(int(args.send_buffer_mb * (1 << 20)), np.uint8)
+    server = PrefillServer(transport, send_buffer, engine.source, token, host=args.host).start()
+    link = RouterLink(args.router, token, {"role": "prefill", "device": str(model.device),
+                                           "pull_address": list(server.address)})
+    print(f"prefill worker {link.index}: pulls on {server.address[0]}:{server.address[1]}, "
+          f"{model.device}", file=sys.stderr, flush=True)
+    try:
+        while True:
+            try:
+                msg = link.inbox.get(timeout=None if not engine.queue else 0)
+            except queue.Empty:
+                msg = None
+            while msg is not None:
+                op = msg.get("op")
+                if op == "stop":
+                    return
+                if op == "prefill":
+                    why = engine.check(msg["prompt"])
+                    if why:
+                        link.send({"ev": "failed", "rid": msg["rid"],
+                                   "status": "rejected_prompt_too_long", "error": why})
+                    else:
+                        engine.queue.append(PrefillJob(msg["rid"], msg["prompt"]))
+                elif op == "drop":
+                    engine.queue = type(engine.queue)(j for j in engine.queue
+                                                      if j.request_id != msg["rid"])
+                    engine.source.drop(msg["rid"])
+                elif op == "stats":
+                    link.send({"ev": "stats", "busy_s": engine.busy_s,
+                               "held_blocks": sorted(engine.pool.held),
+                               "send_buffer": sorted(server.reserved()),
+                               "open_regions": len(transport.open_to_peers()),
+                               "queued": len(engine.queue)})
+                msg = link.inbox.get_nowait() if not link.inbox.empty() else None
+            done = engine.step()
+            if not done and engine.queue:
+                time.sleep(RETRY_S)         # held KV fills the cache: wait for pulls
+            for rid, first, start, end in done:
+                link.send({"ev": "prefilled", "rid": rid, "first_token": first,
+                           "prefill_start_at": start, "prefill_end_at": end,
+                           "free_blocks": engine.pool.num_free})
+    finally:
+        server.stop()
+        transport.close()
+
+
+class Puller:
+    """The decode worker's transfer thread: one pull at a time, in arrival order."""
+
+    def __init__(self, engine, transport, token: str, link: RouterLink, timeout_s: float):
+        self.engine, self.transport, self.token, self.link = engine, transport, token, link
+        self.timeout_s = timeout_s
+        self.peers: dict[int, tuple[str, int]] = {}
+        self.clients: dict[int, object] = {}
+        self.todo: queue.Queue = queue.Queue()
+        self.landed: queue.Queue = queue.Queue()
+        self.dropped: set[str] = set()
+        threading.Thread(target=self._loop, daemon=True, name="puller").start()
+
+    def _client(self, p: int):
+        from hardware.protocol import DecodeClient
+        if p not in self.clients:
+            self.clients[p] = DecodeClient(self.transport, self.engine.sink, self.peers[p],
+                                           self.token, timeout_s=self.timeout_s)
+        return self.clients[p]
+
+    def _loop(self) -> None:
+        from hardware.transport import SendBufferExhausted, TransportError
+        from hardware.serve.engines import Sequence
+
+        while True:
+            msg = self.todo.get()
+            rid, sink = msg["rid"], self.engine.sink
+            while rid not in self.dropped and sink.pool.num_free < sink.blocks_needed(rid):
+                time.sleep(RETRY_S)                    # decode cache full: wait for finishes
+            if rid in self.dropped:
+                continue
+            start = time.time()
+            try:
+                result = self._client(msg["prefill"]).pull(rid)
+            except SendBufferExhausted:
+                time.sleep(RETRY_S)
+                self.todo.put(msg)
+                continue
+            except (TransportError, OSError, KeyError, ValueError) as e:
+                self.clients.pop(msg["prefill"], None)
+                sink.free(rid)
+                self.link.send({"ev": "failed", "rid": rid, "status": "failed_transfer",
+                                "error": f"{type(e).__name__}: {e}"[:300]})
+                continue
+            end = time.time()
+            self.link.send({"ev": "transferred", "rid": rid, "transfer_start_at": start,
+                            "transfer_end_at": end, "kv_bytes": result.nbytes})
+            self.landed.put(Sequence(rid, msg["prompt_len"], msg["first_token"],
+                                     msg["max_tokens"]))
+
+
+def run_decode(args, token: str) -> None:
+    from hardware.serve.engines import DecodeEngine
+    from hardware.transport import make_transport
+
+    model = load_model(args)
+    transport = make_transport(args.transport, host=args.host)
+    engine = DecodeEngine(model, args.mechanism, transport, args.num_tokens,
+                          args.max_request_tokens, args.max_batch_size, args.kv_dtype)
+    link = RouterLink(args.router, token, {"role": "decode", "device": str(model.device),
+                                           "mechanism": args.mechanism})
+    print(f"decode worker {link.index}: {args.mechanism}, KV {args.kv_dtype if args.mechanism.startswith('GN') else 'paged'}",
+          file=sys.stderr, flush=True)
+    puller = Puller(engine, transport, token, link, args.transfer_timeout_s)
+    try:
+        while True:
+            busy = engine.running or engine.waiting or not puller.landed.empty()
+            try:
+                msg = link.inbox.get(timeout=0 if busy else 0.05)
+            except queue.Empty:
+                msg = None
+            while msg is not None:
+                op = msg.get("op")
+                if op == "stop":
+                    return
+                if op == "peers":
+                    puller.peers.update({int(k): tuple(v) for k, v in msg["prefill"].items()})
+                elif op == "decode":
+                    engine.sink.expect(msg["rid"], msg["prompt_len"],
+                                       msg["prompt_len"] + msg["max_tokens"])
+                    puller.todo.put(msg)
+                elif op == "drop":
+                    puller.dropped.add(msg["rid"])
+                    engine.drop(msg["rid"])
+                elif op == "stats":
+                    link.send({"ev": "stats", "busy_s": engine.busy_s,
+                               "held_blocks": sorted(engine.sink.pool.held),
+                               "registered": len(transport.live_regions()),
+                               "running": len(engine.running) + len(engine.waiting)})
+                msg = link.inbox.get_nowait() if not link.inbox.empty() else None
+            while not puller.landed.empty():
+                engine.landed(puller.landed.get())
+            if engine.running or engine.waiting:
+                items, finished = engine.step()
+                link.send({"ev": "tokens", "at": time.time(), "items": items,
+                           "finished": finished, "free_blocks": engine.sink.pool.num_free})
+    finally:
+        engine.sink.close()
+        transport.close()
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"address {text!r}: HOST:PORT")
+    return host, int(port)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from hardware.mechanisms import MECHANISMS
+    p.add_argument("--role", choices=("prefill", "decode"), required=True)
+    p.add_argument("--router", type=_address, required=True, help="router control HOST:PORT")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address this worker's KV path binds to (default: loopback)")
+    p.add_argument("--transport", choices=("mooncake", "verbs"), default="mooncake")
+    p.add_argument("--mechanism", choices=MECHANISMS, default="GN-HAWK")
+    p.add_argument("--kv-dtype", choices=("bfloat8_b", "bfloat16"), default="bfloat8_b",
+                   help="the decode side's NPU tile format (GN mechanisms)")
+    p.add_argument("--model", help="a Hugging Face-format directory (default: the seeded tiny "
+                                   "Llama)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
+    p.add_argument("--device", default="auto", help="auto: CUDA for prefill when present")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--num-blocks", type=int, default=256, help="prefill KV blocks of 16 tokens")
+    p.add_argument("--num-tokens", type=int, default=16384, help="decode KV capacity, tokens")
+    p.add_argument("--max-request-tokens", type=int, default=512)
+    p.add_argument("--max-batch-tokens", type=int, default=2048)
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--send-buffer-mb", type=float, default=16.0)
+    p.add_argument("--transfer-timeout-s", type=float, default=30.0)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hawk real worker", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    token = os.environ.get(TOKEN_ENV, "")
+    if len(token) < 16:
+        print(f"worker: set {TOKEN_ENV} to the run token (16+ characters)", file=sys.stderr)
+        return 2
+    try:
+        (run_prefill if args.role == "prefill" else run_decode)(args, token)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

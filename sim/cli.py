@@ -333,7 +333,9 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extras: bool = True) -> argparse.ArgumentParser:
+    """The ``hawk`` parser; ``extras``: also the commands of ``EXTRA_COMMANDS`` (imported to
+    register them, which a built-in command's start-up need not pay for)."""
     parser = argparse.ArgumentParser(prog="hawk", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -406,14 +408,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
-    for name in EXTRA_COMMANDS:
+    for name in EXTRA_COMMANDS if extras else ():
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name).register(sub)
     return parser
 
 
+BUILT_IN_COMMANDS = ("simulate", "sweep", "compare", "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(extras=not (argv and argv[0] in BUILT_IN_COMMANDS))
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,48 @@
+"""Start-up of ``hawk simulate``: what it imports before its first event, and how bench reports it."""
+
+import subprocess
+import sys
+
+from sim import bench
+
+# Imported to register other commands, or heavy libraries a simulation does not need before
+# it starts (pandas comes later, for the records).
+NOT_BEFORE_FIRST_EVENT = ("hardware.mechanisms", "hardware.transfer_bench", "sim.calibrate",
+                          "traces.loaders", "pandas", "matplotlib", "scipy", "torch")
+
+
+def modules_at_first_event() -> set[str]:
+    script = bench.STARTUP_SCRIPT.replace(
+        "print(time.process_time(), time.perf_counter() - wall)",
+        "import sys; print(' '.join(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def test_simulate_imports_no_other_commands_or_heavy_libraries_before_its_first_event():
+    loaded = modules_at_first_event()
+    assert "sim.cluster" in loaded and "simpy" in loaded          # it did reach the event
+    assert not loaded & set(NOT_BEFORE_FIRST_EVENT), sorted(loaded & set(NOT_BEFORE_FIRST_EVENT))
+
+
+def commands(parser) -> set[str]:
+    return {name for action in parser._subparsers._group_actions for name in action.choices}
+
+
+def test_other_commands_are_still_registered():
+    from sim.cli import BUILT_IN_COMMANDS, build_parser
+
+    assert {"simulate", "replay", "real", "paper", "calibrate"} <= commands(build_parser())
+    assert commands(build_parser(extras=False)) == set(BUILT_IN_COMMANDS)
+
+
+def test_bench_measures_startup_in_a_fresh_interpreter():
+    cpu_s, wall_s = bench.startup_seconds()
+    assert cpu_s > 0 and wall_s > 0
+    report = dict(num_requests=10, rate=0.5, slo_attainment=1.0, repeats=1, wall_s=1.0,
+                  simulated_requests_per_s=10.0, bare_simpy_events_per_s=100.0,
+                  requests_per_bare_event=0.1, long_output_wall_ratio=1.1,
+                  long_output_wall_s=1.1, startup_s=cpu_s, startup_wall_s=wall_s)
+    assert f"start-up to first event  {cpu_s:>12.3f} s CPU" in bench.format_report(report)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from hardware.mechanisms import MECHANISMS
 from hardware.transfer_bench import DEFAULT_SIZES_MB, START_TIMEOUT_S
@@ -92,6 +93,115 @@ def cmd_transfer_bench(args) -> int:
     return 0
 
 
+def _cluster_config(args):
+    from hardware.serve.cluster import ClusterConfig
+    extra = ["--num-tokens", str(args.decode_tokens), "--send-buffer-mb", str(args.send_buffer_mb),
+             "--max-batch-tokens", str(args.max_batch_tokens)]
+    if args.cuda_prefill is False:
+        extra += ["--device", "cpu"]
+    return ClusterConfig(num_prefill=args.num_prefill, num_decode=args.num_decode,
+                         mechanism=args.mechanism, kv_dtype=args.kv_dtype, host=args.host,
+                         model=args.model, seed=args.seed, worker_args=extra)
+
+
+def cmd_serve(args) -> int:
+    """Start a router and workers, print the endpoint, serve until Ctrl-C."""
+    import signal
+    from hardware.serve.cluster import ClusterError, LocalCluster
+
+    cluster = LocalCluster(_cluster_config(args), log_dir=args.logs)
+    try:
+        cluster.start()
+    except ClusterError as e:
+        print(f"real serve: {e}")
+        return 1
+    try:
+        print(f"serving on {cluster.endpoint}/v1/completions ({args.num_prefill} prefill, "
+              f"{args.num_decode} decode, {args.mechanism}); Ctrl-C stops", flush=True)
+        signal.pause() if hasattr(signal, "pause") else input()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+    return 0
+
+
+def cmd_run(args) -> int:
+    """Replay a trace or workload through a local cluster; records and summary like simulate."""
+    from pathlib import Path
+
+    from hardware.serve.cluster import ClusterError
+    from hardware.serve.run import RealRunConfig, fit_to_context, real_run
+    from traces.commands import slos
+    from traces.workloads import make_workload, workload_spec
+
+    try:
+        if args.trace:
+            from traces.loaders import load_trace
+            trace, _ = load_trace(args.trace)
+            if args.num_requests:
+                trace = trace.head(args.num_requests)
+        else:
+            spec = workload_spec(args.workload)
+            trace = make_workload(spec.name, args.rate, num_requests=args.num_requests,
+                                  seed=args.seed)
+        ttft, tpot = slos(args)
+    except (ValueError, OSError) as e:
+        print(f"real run: {e}")
+        return 2
+    _, scale = fit_to_context(trace, args.context)
+    if scale < 1:
+        print(f"real run: lengths scaled by {scale:.3f} to fit the tiny model's context of "
+              f"{args.context} tokens", file=sys.stderr)
+    config = RealRunConfig(_cluster_config(args), ttft, tpot, args.context,
+                           progress=not args.json)
+    out = Path(args.out) if args.out else None
+    try:
+        summary = real_run(trace, config, out)
+    except ClusterError as e:
+        print(f"real run: {e}")
+        return 1
+    if args.json:
+        print(dumps(summary))
+        return 0
+    rows = [("requests", summary["num_requests"]), ("finished ok", summary["num_finished"]),
+            ("failed", summary["num_failed"]), ("statuses", summary["statuses"]),
+            ("SLO attainment", f"{100 * summary['slo_attainment']:.1f}%"),
+            ("TTFT p50 / p90 (s)", f"{summary['ttft_p50_s']:.3f} / {summary['ttft_p90_s']:.3f}"),
+            ("TPOT p50 / p90 (s)", f"{summary['tpot_p50_s']:.4f} / {summary['tpot_p90_s']:.4f}"),
+            ("transfer share of TTFT", f"{summary['ttft_transfer_mean_s'] / summary['ttft_mean_s']:.1%}"
+             if summary["ttft_mean_s"] > 0 else "-"),
+            ("output tokens/s", f"{summary['output_tokens_per_s']:.1f}"),
+            ("energy (J)", f"{summary['energy_j']:.1f} ({summary['power_source'].split(';')[0]})"),
+            ("length scale", f"{summary['length_scale']:.3f}")]
+    for name, value in rows:
+        print(f"{name:<26}{value}")
+    if out:
+        print(f"records and summary written to {out}/")
+    return 0 if not summary["interrupted"] else 130
+
+
+def _serving_args(p) -> None:
+    from hardware.mechanisms import MECHANISMS
+    p.add_argument("--num-prefill", type=_layers, default=1, help="prefill workers (default 1)")
+    p.add_argument("--num-decode", type=_layers, default=1, help="decode workers (default 1)")
+    p.add_argument("--mechanism", choices=MECHANISMS, default="GN-HAWK")
+    p.add_argument("--kv-dtype", choices=("bfloat8_b", "bfloat16"), default="bfloat8_b",
+                   help="decode side's NPU tile format (GN mechanisms)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    p.add_argument("--model", help="Hugging Face-format directory (default: seeded tiny Llama)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decode-tokens", type=_layers, default=16384,
+                   help="KV capacity of each decode worker, tokens")
+    p.add_argument("--send-buffer-mb", type=float, default=16.0,
+                   help="each prefill worker's send buffer (back-pressure when full)")
+    p.add_argument("--max-batch-tokens", type=_layers, default=2048,
+                   help="prefill token budget per batch")
+    p.add_argument("--cpu-prefill", dest="cuda_prefill", action="store_false", default=None,
+                   help="run prefill on the CPU even where CUDA is present")
+    p.add_argument("--logs", help="directory for the processes' logs")
+
+
 def register(subparsers) -> None:
     """Add ``real`` with its leaf commands to a ``hawk`` subparsers object."""
     real = subparsers.add_parser("real", help="real mode: KV transfer over real transports")
@@ -116,3 +226,39 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_transfer_bench)
+
+    p = leaves.add_parser("serve", help="start a router and prefill/decode workers; print the "
+                                        "endpoint")
+    _serving_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    from traces.workloads import WORKLOADS
+    p = leaves.add_parser("run", help="replay a trace or workload through a local cluster; "
+                                      "records.parquet and summary.json as simulate writes")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="trace file (any format hawk replay reads)")
+    src.add_argument("--workload", choices=sorted(WORKLOADS))
+    p.add_argument("--num-requests", type=_layers, default=50)
+    p.add_argument("--rate", type=float, default=2.0, help="requests/s for --workload")
+    p.add_argument("--context", type=_layers, default=512,
+                   help="tokens a request may hold; longer traces are scaled down to fit")
+    p.add_argument("--ttft-slo", type=float)
+    p.add_argument("--tpot-slo", type=float)
+    p.add_argument("--out", help="write records.parquet, summary.json and logs here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _serving_args(p)
+    p.set_defaults(func=cmd_run)
+
+    from hardware.serve import router, worker
+    p = leaves.add_parser("router", help="the router process alone (token in HAWK_RUN_TOKEN)")
+    router.add_arguments(p)
+    p.set_defaults(func=lambda a: router.main(_argv(a)))
+    p = leaves.add_parser("worker", help="a prefill or decode worker process alone")
+    worker.add_arguments(p)
+    p.set_defaults(func=lambda a: worker.main(_argv(a)))
+
+
+def _argv(args) -> list[str]:
+    """The process's own arguments after ``real router`` / ``real worker``."""
+    argv = sys.argv[1:]
+    return argv[argv.index(args.real_command) + 1:]

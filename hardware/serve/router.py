@@ -360,7 +360,9 @@ def make_app(router: Router):
     app.router.add_get("/v1/models", lambda req: web.json_response(
         {"object": "list", "data": [{"id": "hawk", "object": "model"}]}))
     app.router.add_get("/health", lambda req: web.json_response(
-        {"prefill": len(router.alive("prefill")), "decode": len(router.alive("decode"))}))
+        {"prefill": len(router.alive("prefill")), "decode": len(router.alive("decode")),
+         "requests": len(router.requests),
+         "done": sum(r.status != "unfinished" for r in router.requests.values())}))
     app.router.add_get("/hawk/requests", requests_log)
     app.router.add_get("/hawk/workers", workers)
     return app

@@ -130,7 +130,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     counter = [0]
 
     def route_to_decode(i: int, source) -> None:
-        k = decode_route([d.load for d in decodes], [d.memory.free_blocks for d in decodes],
+        k = decode_route([d.load for d in decodes], [_free_blocks(d.memory) for d in decodes],
                          counter[0])
         counter[0] += 1
         decodes[k].offer(i, source)
@@ -201,6 +201,13 @@ def _power_and_cost(stats: dict, summary: dict, config: RunConfig) -> dict:
             "tokens_per_joule": energy["tokens_per_joule"],
             "tokens_per_s_per_dollar": cost["tokens_per_s_per_dollar"],
             "usd_per_request": cost["usd_per_request"]}
+
+
+def _free_blocks(pool) -> int:
+    """Free KV blocks of a decode pool for KV-aware routing; a bank grid without a count
+    (``sim.npu_memory.SingleBufferPool``) offers its slot columns free in every bank."""
+    free = getattr(pool, "free_blocks", None)
+    return int(free) if free is not None else int((~pool.used.any(axis=0)).sum())
 
 
 def _monitor(env, ledger, interval: float, samples: list):

@@ -114,14 +114,17 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         pricing = pricing or pricing_for(config)
     except ValueError as exc:
         raise ConfigError(f"cluster.link.mechanism: {exc}") from exc
-    bandwidth_gb_s = cl.link.bandwidth_gb_s or transfer_params(cl.profile).link_gb_s
+    bandwidth_gb_s = cl.link.bandwidth_gb_s or transfer_params(cl.profile).wire_gb_s(
+        cl.link.mechanism)
 
     wall = time.perf_counter()
     env = simpy.Environment()
     ledger = Ledger(trace)
-    link = KVLink(env, bandwidth_gb_s * 1e9, cl.link.latency_s)
+    # each decode node pulls through its own NIC (sim.link: nodes meet at a switch)
+    links = [KVLink(env, bandwidth_gb_s * 1e9, cl.link.latency_s)
+             for _ in range(cl.decode.num_instances)]
     decode_route = resolve("decode_routing", cl.decode_routing)
-    decodes = [DecodeInstance(env, k, ledger, decode_pred, link,
+    decodes = [DecodeInstance(env, k, ledger, decode_pred, links[k],
                               memory=pool_for(config, decode_blocks), pricing=pricing,
                               max_batch_size=cl.decode.max_batch_size,
                               host_slowdown=getattr(pricing, "host_slowdown", 1.0),
@@ -177,8 +180,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         "prefill_batches": [p.num_batches for p in prefills],
         "decode_busy_s": [d.busy_within(env.now) for d in decodes],
         "decode_iterations": [d.num_iterations for d in decodes],
-        "link_busy_s": link.busy_within(env.now),
-        "link_bytes": link.bytes_moved,
+        "link_busy_s": max(link.busy_within(env.now) for link in links),   # busiest NIC
+        "link_bytes": sum(link.bytes_moved for link in links),
         "prefill_buffer_blocks": prefill_blocks,
         "decode_capacity_blocks": decode_blocks,
         "decode_memory": [d.memory.stats() for d in decodes],

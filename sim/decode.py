@@ -33,6 +33,7 @@ import simpy
 from simpy.events import Timeout
 
 from policies.batching import fcfs_decode_admit
+from sim.link import HostQueue
 from traces.schema import Status
 
 
@@ -47,6 +48,7 @@ class DecodeInstance:
         self.max_batch_size = max_batch_size
         self.host_slowdown = host_slowdown
         self.fast_forward = fast_forward
+        self.host = HostQueue()           # this node's host CPU and PCIe root (sim.link)
         self.pending: deque = deque()     # (request, prefill instance) awaiting memory
         self.waiting: deque[int] = deque()  # KV in the pool, waiting for a batch slot
         self.running: list = []           # heap of (finish_iteration, request)
@@ -107,7 +109,8 @@ class DecodeInstance:
             cost = self.pricing.price(prompt[i])
             ledger.kv_bytes[i] = int(cost.wire_bytes)
             ledger.transfer_start_at[i] = now
-            self.link.start(cost.before_s, cost.wire_bytes, self._arrived, (i, source, cost))
+            self.link.start(cost.before_s, cost.wire_bytes, self._arrived, (i, source, cost),
+                            getattr(source, "host", None), getattr(cost, "source_host_s", 0.0))
 
     def _arrived(self, transfer: tuple) -> None:
         """The last byte landed: free the sender, then the mechanism's after phase."""
@@ -116,7 +119,11 @@ class DecodeInstance:
         if cost.after_s > 0:
             if cost.host_cpu_s > 0:
                 self._host_change(+1)
-            timer = self.env.timeout(cost.after_s)
+            queued = getattr(cost, "dest_host_s", 0.0)   # waits behind this host's other work
+            now = self.env.now
+            delay = (self.host.reserve(now, queued) - now + cost.after_s - queued if queued > 0
+                     else cost.after_s)
+            timer = self.env.timeout(delay)
             timer.callbacks.append(lambda _ev: self._after_done(i, cost))
         else:
             self._landed(i)

@@ -5,6 +5,13 @@ virtual clock: ``served`` grows at ``bandwidth / n_active`` bytes per second, an
 of ``b`` bytes entering at ``served = v`` completes when ``served`` reaches ``v + b``. Before
 sharing, each transfer pays a fixed delay (latency + per-request cost) from its pricing.
 Pricing is pluggable: ``price(nbytes) -> (fixed_delay_s, wire_bytes)``.
+
+Topology: every node has its own NIC and PCIe root complex, and nodes meet at a switch. The
+simulator gives each decode node one ``KVLink`` (its NIC: the transfers it pulls share it)
+and each node one ``HostQueue`` (its host CPU and PCIe root: host-staged copies and host
+re-layouts on that node queue there, first come first served). Limitation: a prefill node's
+own NIC is not a shared resource; with one prefill node per decode node (the paper's setups)
+the two NICs carry the same transfers, so the decode side's NIC is the one that binds.
 """
 
 from __future__ import annotations
@@ -15,6 +22,27 @@ from typing import Any, Callable
 
 import simpy
 from simpy.events import Timeout
+
+
+class HostQueue:
+    """One node's host CPU and PCIe root complex as a FIFO server of host-side work (staging
+    copies, host re-layouts). FIFO with known service times needs no events: a job that
+    arrives at ``now`` for ``seconds`` ends at ``max(now, free_at) + seconds``."""
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+        self.busy_time = 0.0
+        self.num_jobs = 0
+
+    def reserve(self, now: float, seconds: float) -> float:
+        """Queue ``seconds`` of host work arriving at ``now``; returns when it ends."""
+        if seconds < 0:
+            raise ValueError(f"host work of {seconds} s must be >= 0")
+        start = self.free_at if self.free_at > now else now
+        self.free_at = start + seconds
+        self.busy_time += seconds
+        self.num_jobs += 1
+        return self.free_at
 
 
 class KVLink:
@@ -56,10 +84,13 @@ class KVLink:
         return len(self._active) + len(self._pending) + (self._solo is not None)
 
     def start(self, before_s: float, wire_bytes: float, on_done: Callable[[Any], None],
-              arg) -> None:
+              arg, host: HostQueue | None = None, host_s: float = 0.0) -> None:
         """Begin a transfer: ``before_s`` of source-side work, then ``wire_bytes`` through the
-        shared NIC; ``on_done(arg)`` runs when the last byte has landed."""
+        shared NIC; ``on_done(arg)`` runs when the last byte has landed. ``host_s`` of the
+        ``before_s`` queue on the source node's ``host`` (FIFO) behind earlier host work."""
         now = self.env.now
+        if host is not None and host_s > 0:
+            before_s = host.reserve(now, host_s) - now + (before_s - host_s)
         self._seq += 1
         wire = float(wire_bytes)
         self.bytes_moved += wire

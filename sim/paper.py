@@ -75,7 +75,6 @@ def base_config(name: str, workload: str = "chatbot", profile: str = PROFILE) ->
         "cluster.decode.max_batch_size": s["npu_decode_max_batch_size" if npu
                                            else "gpu_decode_max_batch_size"],
         "cluster.decode.max_num_blocks": s["npu_kv_blocks"] if npu else 0,
-        "cluster.link.bandwidth_gb_s": transfer_params(profile).link_gb_s,
         "workload.name": workload, "slo.ttft_s": spec.ttft_slo_s, "slo.tpot_s": spec.tpot_slo_s,
     })
 
@@ -99,7 +98,7 @@ def figure9(profile: str = PROFILE, sizes_mb=FIG9_SIZES_MB) -> list[dict]:
         for mech in FIG9_MECHANISMS + ("GN-Direct", "GN-PerPage"):
             name = "GG-Direct" if MECHANISMS[mech].destination == "gpu" else "GN-HAWK"
             pricing = pricing_for(base_config(name, profile=profile), mech)
-            lat[mech] = isolated_latency(pricing.price(tokens), params.link_gb_s * 1e9)
+            lat[mech] = isolated_latency(pricing.price(tokens), params.wire_gb_s(mech) * 1e9)
         for mech, value in lat.items():
             rows.append({"size_mb": size, "mechanism": mech, "tokens": tokens,
                          "latency_s": value, "normalized": value / lat["GG-Host"]})
@@ -215,4 +214,26 @@ def run_paper(quick: bool = False, workers: int | None = None, profile: str = PR
         out["efficiency"][workload] = efficiency(res)
     out["targets"] = TARGETS
     out["checks"] = checks(out)
+    out.update(fit_summary(out, profile))
     return out
+
+
+def fit_summary(result: dict, profile: str = PROFILE) -> dict:
+    """The fit behind the profile (``hawk calibrate``'s record) beside this run: the number of
+    free parameters and of targets, each target's residual here (scaled by its tolerance) and
+    its leave-one-out value and residual from the record. Empty without a record."""
+    from sim.calibrate import Target, load_fit_record, residual
+    from sim.paper_checks import target_values
+
+    record = load_fit_record(profile) if not profile.endswith(".toml") else None
+    if record is None:
+        return {"free_parameters": None, "num_targets": None, "residuals": {}, "loo": {}}
+    ours = {what: value for _, what, value, _ in target_values(result)}
+    residuals, loo = {}, {}
+    for name, t in record["targets"].items():
+        target = Target(name, t["kind"], t["paper"])
+        residuals[name] = residual(target, ours.get(name))
+        loo[name] = {"value": t.get("loo_value"), "residual": t.get("loo_residual")}
+    return {"free_parameters": record["free_parameters"], "num_targets": record["num_targets"],
+            "parameters": record["parameters"], "residuals": residuals, "loo": loo,
+            "fit_method": record["method"]}

@@ -22,6 +22,10 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="reduced settings (for CI)")
     p.add_argument("--workers", type=int, help="parallel processes for the sweeps")
     p.set_defaults(func=handler)
+    from sim import calibrate, devices_check
+
+    calibrate.register(subparsers)
+    devices_check.register(subparsers)
 
 
 def _clean(value):
@@ -51,6 +55,16 @@ def handler(args) -> int:
         fmt = lambda x: "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
         err_s = "n/a" if not math.isfinite(err) else f"{100 * err:+.1f}%"
         print(f"{what:55s} ours {fmt(ours):>9s}  paper {fmt(paper):>9s}  {err_s}")
+    if result.get("free_parameters"):
+        print(f"\nfit: {result['free_parameters']} free parameters for {result['num_targets']} "
+              f"targets (hawk calibrate --targets paper); residual = miss / tolerance")
+        print(f"{'target':55s} {'resid':>6s} {'LOO':>9s} {'LOO res':>7s}")
+        for name, r in result["residuals"].items():
+            loo = result["loo"].get(name, {})
+            lv, lr = loo.get("value"), loo.get("residual")
+            lv_s = "n/a" if lv is None or not math.isfinite(lv) else f"{lv:.4g}"
+            lr_s = "" if lr is None else f"{lr:+7.2f}"
+            print(f"{name:55s} {r:+6.2f} {lv_s:>9s} {lr_s}")
     rows = result["checks"]
     print(f"\n{sum(r['holds'] for r in rows)} of {len(rows)} claims of the paper's section 6 hold")
     for r in rows:

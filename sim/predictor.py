@@ -2,9 +2,18 @@
 
 Two predictors share one interface:
 
-- ``RooflinePredictor``: time = max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) +
-  tensor-parallel all-reduce + fixed overhead, from the device and model catalogs and the
-  named efficiency factors of a profile file (``sim/profiles/*.toml``).
+- ``RooflinePredictor``: one roofline per step with three terms, compute, memory and
+  tensor-parallel communication, from the device and model catalogs and the named efficiency
+  factors of a profile file (``sim/profiles/*.toml``). Compute and memory traffic overlap (the
+  kernels stream weights while they multiply): their max. The all-reduces do not: vLLM and
+  tt-metal issue each one after its row-parallel matmul on the same stream, so it adds.
+  Communication is priced once, by the all-reduce term at ``allreduce_bus_gb_s``; the compute
+  efficiency is the kernels' own (a published figure for the device), never a factor that
+  also absorbs communication.
+  A decode step = fixed per-step costs (``step_overhead_s``: scheduling, sampling, dispatch;
+  the all-reduces' latency) + max(compute, weights read once + every request's KV read at
+  ``decode_attention_efficiency`` of bandwidth), so its time grows with the batch and with
+  each request's context.
 - ``TablePredictor``: interpolates measured points (prefill time vs batch tokens, decode step
   vs batch size and context), for calibration against the real mode.
 
@@ -43,9 +52,19 @@ class Efficiency:
     decode_memory_efficiency: float
     step_overhead_s: float
     allreduce_latency_s: float
+    allreduce_bus_gb_s: float = 0.0          # ring all-reduce bus bandwidth; 0: the catalog's
+                                             # tp_link_gb_s
+    decode_attention_efficiency: float = 0.0  # KV reads in decode attention; 0: as the weights
+                                             # (decode_memory_efficiency)
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
+            if name in ("allreduce_bus_gb_s", "decode_attention_efficiency"):
+                if not (isinstance(value, (int, float)) and 0.0 <= value <= 1e4):
+                    raise ValueError(f"profile: {name} = {value} must be >= 0 (0: the default)")
+                if name.endswith("efficiency") and value > 1.0:
+                    raise ValueError(f"profile: {name} = {value} must be in (0, 1]")
+                continue
             if name.endswith("efficiency") and not 0.0 < value <= 1.0:
                 raise ValueError(f"profile: {name} = {value} must be in (0, 1]")
             if not name.endswith("efficiency") and not 0.0 <= value <= 10.0:
@@ -128,12 +147,15 @@ class RooflinePredictor(Predictor):
         self._prefill_bytes_rate = bandwidth * efficiency.prefill_memory_efficiency
         self._decode_flops_rate = peak * efficiency.decode_compute_efficiency
         self._decode_bytes_rate = bandwidth * efficiency.decode_memory_efficiency
-        self._link = device.tp_link_gb_s * 1e9
+        self._attn_bytes_rate = bandwidth * (efficiency.decode_attention_efficiency
+                                             or efficiency.decode_memory_efficiency)
+        self._link = (efficiency.allreduce_bus_gb_s or device.tp_link_gb_s) * 1e9
         self._lines: dict[int, tuple[float, float, float, float, float]] = {}
         self._single: dict[int, float] = {}           # prefill time of one prompt, by length
 
     def allreduce_time(self, tokens: int) -> float:
-        """Two ring all-reduces per layer of ``tokens`` x hidden bf16 activations."""
+        """Two ring all-reduces per layer of ``tokens`` x hidden bf16 activations: each moves
+        2 (tp - 1) / tp of the message at the bus bandwidth, plus its latency."""
         if self.tp == 1:
             return 0.0
         message = tokens * self.model.hidden_size * 2.0
@@ -169,7 +191,7 @@ class RooflinePredictor(Predictor):
         c0 = (self._body_flops_per_token + self._lm_head_flops) * batch / self._decode_flops_rate
         c1 = self._attn_flops_per_ctx / self._decode_flops_rate
         m0 = self._weights / self._decode_bytes_rate
-        m1 = self._kv_per_token / self._decode_bytes_rate
+        m1 = self._kv_per_token / self._attn_bytes_rate
         const = self.allreduce_time(batch) + self.eff.step_overhead_s
         return const, c0, c1, m0, m1
 

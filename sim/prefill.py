@@ -25,6 +25,7 @@ import simpy
 from simpy.events import Timeout
 
 from policies.batching import blocks_for, fcfs_prefill_batch, fcfs_token_budget
+from sim.link import HostQueue
 
 
 class PrefillInstance:
@@ -46,6 +47,7 @@ class PrefillInstance:
         self._batch: tuple | list = ()     # the batch in progress (one at a time)
         self._span = (0.0, 0.0)            # (start, end) of the latest batch
         self.source = None                # a router admitting arrivals lazily, or None
+        self.host = HostQueue()           # this node's host CPU and PCIe root (staging copies)
         self.pick, self.fairness = pick, fairness   # None, None: FCFS fast path
         if pick is not None or fairness is not None:
             self.queue = []               # request indices in serving order

@@ -46,6 +46,7 @@ def markdown(result: dict) -> str:
     for what, ours, paper, err in comparison_rows(result):
         lines.append(f"| {what} | {_f(ours)} | {_f(paper)} | {_pct(err)} |")
     lines += _checks_section(result)
+    lines += _fit_section(result)
     lines += ["", "## Figure 9: latency normalised to GG-Host", "",
               "| size (MB) | " + " | ".join(_mechs(result)) + " |",
               "|---|" + "---|" * len(_mechs(result))]
@@ -75,6 +76,57 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _fit_section(result: dict) -> list[str]:
+    """The fit behind the profile: counts, parameters, residuals here and leave-one-out."""
+    if not result.get("free_parameters"):
+        return []
+    lines = ["", "## The fit", "",
+             f"{result['free_parameters']} free parameters for {result['num_targets']} targets "
+             f"(`hawk calibrate --targets paper`; {result.get('fit_method', '')}). Residual = "
+             "miss / tolerance (15% for ratios, 0.05 req/s for knees, 2 points for gaps); "
+             "LOO = the target's value from a fit that did not see it.", "",
+             "| parameter | start | fitted | bounds |", "|---|---|---|---|"]
+    for name, p in result.get("parameters", {}).items():
+        lines.append(f"| {name} | {_f(p['start'], 4)} | {_f(p['fitted'], 4)} | "
+                     f"[{_f(p['low'], 4)}, {_f(p['high'], 4)}] |")
+    lines += ["", "| target | residual | LOO value | LOO residual |", "|---|---|---|---|"]
+    for name, r in result["residuals"].items():
+        loo = result["loo"].get(name, {})
+        lr = loo.get("residual")
+        lines.append(f"| {name} | {r:+.2f} | {_f(loo.get('value'))} | "
+                     f"{'n/a' if lr is None else f'{lr:+.2f}'} |")
+    return lines
+
+
+def what_binds(summary: dict, ttft_slo_s: float, tpot_slo_s: float) -> dict:
+    """What limits a swept configuration (a ``sim.sweep.summarize_sweep`` result): at the
+    first rate past the knee, which P90 exceeds its SLO (TTFT, TPOT, or neither: the tail
+    below P90 fails), the busiest resource at the knee (prefill, link or decode utilisation)
+    and the largest TTFT stage there."""
+    rows = summary["rows"]
+    knee = summary["knee_rate"]
+    at = next((r for r in rows if r["rate"] == knee), None)
+    past = next((r for r in rows if math.isfinite(knee) and r["rate"] > knee), None) \
+        if knee is not None else None
+    if past is None:
+        past = rows[0] if not (knee is not None and math.isfinite(knee)) else None
+    slo = "beyond the swept range"
+    if past is not None:
+        over = [name for name, key, limit in (("TTFT", "ttft_p90_s", ttft_slo_s),
+                                              ("TPOT", "tpot_p90_s", tpot_slo_s))
+                if past[key] > limit]
+        slo = " and ".join(over) if over else "neither P90 (the tail fails)"
+    ref = at or past or rows[-1]
+    util = {k: ref.get(f"{k}_utilization") for k in ("prefill", "link", "decode")}
+    busiest = max(util, key=lambda k: -1 if util[k] is None or not math.isfinite(util[k])
+                  else util[k])
+    stages = {k[5:-7]: ref[k] for k in ref if k.startswith("ttft_") and k.endswith("_mean_s")
+              and ref[k] is not None and math.isfinite(ref[k])}
+    return {"knee_rate": knee, "slo_missed_past_knee": slo, "busiest": busiest,
+            "utilization_at_knee": util,
+            "largest_ttft_stage": max(stages, key=stages.get) if stages else None}
+
+
 def _cell(x) -> str:
     if isinstance(x, dict):
         return ", ".join(f"{k} {v}" for k, v in x.items())
@@ -89,8 +141,9 @@ def _checks_section(result: dict) -> list[str]:
         return []
     held = sum(r["holds"] for r in rows)
     lines = ["", "## Checks", "",
-             f"{held} of {len(rows)} claims hold. \"fitted\": the profile has a CALIBRATED value "
-             "chosen to hit it; \"predicted\": nothing was fitted to it.", "",
+             f"{held} of {len(rows)} claims hold. \"fitted\": a target of `hawk calibrate "
+             "--targets paper` (the profile's free parameters were fitted to it among all the "
+             "targets); \"predicted\": nothing was fitted to it.", "",
              "| claim | ours | paper | tolerance | holds | |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['check']} | {_cell(r['ours'])} | {_cell(r['paper'])} | "

@@ -11,16 +11,20 @@ A mechanism is one of the transfer plans of ``hardware.plans`` plus the copies a
 - ``GN-PerPage``: tilized and packed on the GPU, then one write per tile page.
 
 ``MechanismPricing.price(num_tokens)`` returns a ``TransferCost``: seconds before the bytes go
-on the NIC, bytes through the NIC (the link shares its bandwidth among transfers), seconds after
-they land, host CPU seconds that disturb decode on the destination node, and the write count.
-Counts and bytes come from ``plan_counts``, a closed form of the plans' counts for a contiguous
-allocation (tests check it equal to ``hardware.plans``); prices are memoised per token count.
+on the NIC, bytes through the NIC, seconds after they land, and which of those seconds queue
+on a node's host (``source_host_s``, ``dest_host_s``: the host CPU and the node's PCIe root are
+one FIFO server per node, ``sim.link.HostQueue``, so concurrent host-staged copies and host
+re-layouts wait for each other instead of overlapping for free), host CPU seconds that disturb
+decode on the destination node, and the write count. Counts and bytes come from
+``plan_counts``, a closed form of the plans' counts for a contiguous allocation (tests check
+it equal to ``hardware.plans``); prices are memoised per token count.
 
-Every device-side step runs on the ``tp`` devices of an instance in parallel; the NIC and the
-host copies are shared by all of them. Parameters: the profile's ``[transfer]`` table. Its
-``time_scale`` multiplies every time the table implies (fixed costs times it, bandwidths over
-it, the link's included: ``TransferParams.link_gb_s``), so it changes absolute transfer times
-and leaves every ratio between mechanisms as it is.
+Every device-side step runs on the ``tp`` devices of an instance in parallel; the host copies
+of a node are serial on its host. One time base: each resource has its own cost, from the
+profile's ``[transfer]`` table, and nothing multiplies them all. The wire runs at
+``TransferParams.wire_gb_s(mechanism)``: the NIC's line rate when it reads host memory, and
+``rdma_read_gb_s`` when it reads GPU memory directly (GPUDirect RDMA through the node's PCIe
+root complex, where GPU and NIC share no PCIe switch).
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ class TransferParams:
     npu_relayout_fixed_s: float = 0.01
     host_slowdown: float = 1.5
     single_buffer_bank_gb: float = 3.98
-    time_scale: float = 1.0
+    rdma_read_gb_s: float = 22.5
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -103,17 +107,30 @@ class TransferParams:
                 raise ValueError(f"[transfer] {f.name} must be a number >= 0, got {value!r}")
         if self.host_slowdown < 1.0:
             raise ValueError(f"[transfer] host_slowdown {self.host_slowdown} must be >= 1")
-        if not self.time_scale > 0:
-            raise ValueError(f"[transfer] time_scale {self.time_scale} must be > 0")
+        for name in ("nic_bandwidth_gb_s", "rdma_read_gb_s", "gpu_pcie_gb_s", "npu_pcie_gb_s",
+                     "host_copy_gb_s", "host_relayout_gb_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"[transfer] {name} must be > 0 GB/s, got {getattr(self, name)}")
 
     @property
     def link_gb_s(self) -> float:
-        """The NIC bandwidth the simulator's link runs at: ``nic_bandwidth_gb_s / time_scale``."""
-        return self.nic_bandwidth_gb_s / self.time_scale
+        """The NIC's line rate (GB/s): what a node's NIC moves from host memory."""
+        return self.nic_bandwidth_gb_s
+
+    def wire_gb_s(self, name: str) -> float:
+        """The rate one transfer of mechanism ``name`` can use on the wire: the NIC's line rate
+        from host memory; for a direct mechanism the NIC reads GPU memory through the PCIe root
+        complex, at ``rdma_read_gb_s`` (never above the line rate)."""
+        if mechanism(name).host_staged:
+            return self.nic_bandwidth_gb_s
+        return min(self.nic_bandwidth_gb_s, self.rdma_read_gb_s)
 
     @classmethod
     def from_table(cls, table: dict) -> "TransferParams":
         names = {f.name for f in fields(cls)}
+        if "time_scale" in table:
+            raise ValueError("[transfer] time_scale is gone: every resource has its own cost "
+                             "(rdma_read_gb_s, host_copy_gb_s, ...); remove the key")
         unknown = set(table) - names - {"sources"}
         if unknown:
             raise ValueError(f"[transfer]: unknown key(s) {sorted(unknown)}; allowed: "
@@ -144,6 +161,8 @@ class TransferCost:
     after_s: float       # destination side after landing: H2D copy, re-layout
     host_cpu_s: float    # host CPU work on the destination node that slows its decode steps
     num_writes: int      # writes (RDMA requests or host sends) over all devices
+    source_host_s: float = 0.0   # the part of before_s that queues on the source node's host
+    dest_host_s: float = 0.0     # the part of after_s that queues on the destination's host
 
 
 @dataclass(frozen=True)
@@ -237,20 +256,22 @@ class MechanismPricing:
         m, p, tp = self.mechanism, self.params, self.decode.tp
         c = self.counts(int(num_tokens))
         before = p.request_setup_s + c.num_writes * p.per_write_s
-        after = host = 0.0
+        after = host = src_host = dst_host = 0.0
         if m.host_staged:
-            before += p.host_copy_setup_s + c.token_bytes / (p.gpu_pcie_gb_s * GB)
-            before += tp * c.token_bytes / (p.host_copy_gb_s * GB)
-            after = host = self._host_after(c)
+            src_host = p.host_copy_setup_s + c.token_bytes / (p.gpu_pcie_gb_s * GB)
+            src_host += tp * c.token_bytes / (p.host_copy_gb_s * GB)
+            before += src_host
+            after = host = dst_host = self._host_after(c)
+            if p.relayout_at == "npu" and m.destination == "npu":
+                dst_host -= self._npu_relayout(c)      # that part runs on the NPU
         elif m.layout == "gpu_transform":
             gpu_bw = self.prefill.device.memory_bandwidth_gb_s * GB
             moved = c.transform_in_bytes + c.wire_bytes
             before += p.transform_fixed_s + moved / (gpu_bw * p.transform_memory_efficiency)
         elif m.layout == "npu_relayout":
             after = self._npu_relayout(c)
-        k = p.time_scale
-        return TransferCost(k * before, float(tp * c.wire_bytes), k * after, k * host,
-                            tp * c.num_writes)
+        return TransferCost(before, float(tp * c.wire_bytes), after, host, tp * c.num_writes,
+                            src_host, dst_host)
 
     def _host_after(self, c: PlanCounts) -> float:
         """Destination host: copy out of the receive buffer, H2D, and the re-layout if any."""
@@ -275,7 +296,8 @@ class MechanismPricing:
 
 
 def isolated_latency(cost: TransferCost, nic_bandwidth_bytes_s: float) -> float:
-    """One transfer alone on the link: from the decode side's request to the KV in its pool."""
+    """One transfer alone on the link: from the decode side's request to the KV in its pool.
+    ``nic_bandwidth_bytes_s``: the mechanism's wire rate (``TransferParams.wire_gb_s``)."""
     if not nic_bandwidth_bytes_s > 0:
         raise ValueError(f"NIC bandwidth must be > 0 bytes/s, got {nic_bandwidth_bytes_s}")
     return cost.before_s + cost.wire_bytes / nic_bandwidth_bytes_s + cost.after_s

@@ -102,3 +102,90 @@ def test_notebook_executes():
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert len(images) == 2
+
+
+# -- the fit (sim/calibrate.py): machinery on a tiny synthetic target set ----------------
+def _line_model(values):
+    """Targets of a known two-parameter model: y = a x + b at x = 0..4."""
+    a, b = values["t.a"], values["t.b"]
+    return {f"y{x}": a * x + b for x in range(5)}
+
+
+def _synthetic():
+    from sim.calibrate import Parameter, Target
+
+    params = (Parameter("t", "a", 1.0, 0.1, 10.0), Parameter("t", "b", 1.0, 0.1, 10.0))
+    truth = _line_model({"t.a": 2.0, "t.b": 3.0})
+    return params, [Target(name, "ratio", value) for name, value in truth.items()]
+
+
+def test_fit_recovers_known_parameters_and_reports_loo():
+    from sim.calibrate import fit
+
+    params, targets = _synthetic()
+    result = fit(params, targets, _line_model, max_nfev=50)
+    assert result.values["t.a"] == pytest.approx(2.0, rel=1e-3)
+    assert result.values["t.b"] == pytest.approx(3.0, rel=1e-3)
+    assert all(abs(r) < 1e-2 for r in result.residuals.values())
+    # every target predicted by a refit without it: exact data, so LOO predictions hold too
+    assert set(result.loo) == {t.name for t in targets}
+    assert all(abs(r) < 0.05 for r in result.loo_residuals.values())
+
+
+def test_loo_exposes_a_target_the_others_cannot_predict():
+    """One target off the line: it is fitted poorly and, left out, predicted by the line
+    through the others, so its LOO error exceeds its in-fit residual."""
+    from sim.calibrate import Target, fit
+
+    params, targets = _synthetic()
+    targets[-1] = Target(targets[-1].name, "ratio", targets[-1].paper * 1.5)
+    result = fit(params, targets, _line_model, max_nfev=50)
+    name = targets[-1].name
+    assert abs(result.loo_residuals[name]) > abs(result.residuals[name]) > 0.5
+
+
+def test_fit_refuses_as_many_parameters_as_targets():
+    from sim.calibrate import fit
+
+    params, targets = _synthetic()
+    with pytest.raises(ValueError, match="fewer parameters than targets"):
+        fit(params, targets[:2], _line_model)
+
+
+def test_render_sets_values_and_keeps_comments():
+    from sim.calibrate import render
+
+    template = "[a]\nx = 1.0   # the x\ny = 2\n\n[b]\nx = 5.0 # other table\n"
+    out = render(template, {"a.x": 0.25, "b.x": 7})
+    assert out == "[a]\nx = 0.25  # the x\ny = 2\n\n[b]\nx = 7.0 # other table\n"
+    with pytest.raises(ValueError, match="no z in \\[a\\]"):
+        render(template, {"a.z": 1.0})
+
+
+def test_committed_profile_is_the_fit_output():
+    """sim/profiles/paper.toml holds exactly the fitted values of its fit record, every free
+    parameter inside its bounds, with clearly fewer parameters than targets."""
+    from sim.calibrate import PARAMETERS, load_fit_record, paper_targets, render
+
+    record = load_fit_record("paper")
+    assert record["free_parameters"] == len(PARAMETERS)
+    assert record["num_targets"] == len(paper_targets()) >= 2 * len(PARAMETERS)
+    text = (Path(__file__).resolve().parents[1] / "sim" / "profiles" / "paper.toml").read_text()
+    fitted = {name: p["fitted"] for name, p in record["parameters"].items()}
+    assert render(text, fitted) == text
+    for name, p in record["parameters"].items():
+        assert p["low"] <= p["fitted"] <= p["high"], name
+    for name, t in record["targets"].items():
+        assert {"paper", "residual", "loo_value", "loo_residual"} <= set(t), name
+
+
+def test_paper_json_reports_the_fit(result):
+    assert result["free_parameters"] < result["num_targets"]
+    names = {t.name for t in __import__("sim.calibrate", fromlist=["x"]).paper_targets()}
+    assert set(result["residuals"]) == names == set(result["loo"])
+    rows = {r["check"]: r for r in result["checks"]}
+    assert rows["summarization knee GN-HAWK"]["fitted"]
+    ordering = "chatbot knees: GG-Direct >= GN-HAWK > GG-Host > GN-Host"
+    assert not rows[ordering]["fitted"]                      # orderings are predictions
+    assert "summarization GN-HAWK's P90 TPOT reaches the SLO at a lower rate than " \
+           "GG-Direct's" in rows

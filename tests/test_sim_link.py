@@ -49,3 +49,46 @@ def test_processor_sharing_with_staggered_arrivals():
 def test_bad_bandwidth_is_refused():
     with pytest.raises(ValueError, match="bandwidth must be > 0"):
         KVLink(simpy.Environment(), 0.0)
+
+
+def test_host_queue_is_fifo_and_exact():
+    from sim.link import HostQueue
+
+    host = HostQueue()
+    assert host.reserve(1.0, 0.5) == 1.5            # idle: starts at once
+    assert host.reserve(1.2, 0.5) == 2.0            # waits behind the first
+    assert host.reserve(3.0, 0.25) == 3.25          # idle again
+    assert host.busy_time == pytest.approx(1.25) and host.num_jobs == 3
+    with pytest.raises(ValueError, match="must be >= 0"):
+        host.reserve(0.0, -1.0)
+
+
+def test_source_host_work_queues_before_the_wire():
+    """Two transfers with 0.3 s of host work each on one host: the second enters the wire
+    only when the host is free, so the two never share the bandwidth."""
+    from sim.link import HostQueue
+
+    env = simpy.Environment()
+    link, host, done = KVLink(env, 10 * GB), HostQueue(), {}
+    for k in range(2):
+        link.start(0.3, GB, lambda i: done.__setitem__(i, env.now), k, host, 0.3)
+    env.run()
+    assert done[0] == pytest.approx(0.4, abs=1e-12)       # 0.3 host + 0.1 wire
+    assert done[1] == pytest.approx(0.7, abs=1e-12)       # waits to 0.6, then 0.1 alone
+
+
+def test_each_decode_node_has_its_own_nic():
+    """Two decode instances pulling at once do not share one link: each transfer runs at the
+    full NIC rate (the old single shared link halved both)."""
+    from sim.cluster import simulate
+    from tests.builders import FreeTransfer, make_config, make_trace
+
+    config = make_config(**{"cluster.decode.num_instances": 2, "cluster.prefill.num_instances": 2,
+                            "cluster.link.bandwidth_gb_s": 1.0, "cluster.link.latency_s": 0.0,
+                            "cluster.decode_routing": "round_robin"})
+    tokens = 1000                     # FreeTransfer: one byte per token, no fixed costs
+    trace = make_trace([0.0, 0.0], [tokens, tokens], [2, 2])
+    recs = simulate(config, trace, pricing=FreeTransfer()).records
+    took = recs["transfer_end_at"] - recs["transfer_start_at"]
+    assert set(recs["decode_instance"]) == {0, 1}
+    assert took.tolist() == pytest.approx([tokens / 1e9] * 2, rel=1e-9)

@@ -65,3 +65,42 @@ def test_littles_law_on_the_full_pipeline():
         w = float((records["finished_at"] - records["arrival_at"]).mean())
         ratios.append(samples.mean() / (lam * w))
     assert np.mean(ratios) == pytest.approx(1.0, rel=0.03)
+
+
+def _roofline(device: str, **eff_changes):
+    from dataclasses import replace
+
+    from hardware import catalog
+    from sim.predictor import RooflinePredictor, load_profile
+
+    eff = replace(load_profile("paper")[device], **eff_changes)
+    return RooflinePredictor(catalog.model("llama-3.1-70b"), catalog.device(device), 4, eff,
+                             "bfloat16", "fp8"), eff
+
+
+def test_prefill_counts_tensor_parallel_communication_once():
+    """Prefill = max(compute, memory) + all-reduces + overhead: the all-reduce term is the only
+    communication, so changing its bus bandwidth changes the time by exactly its own change,
+    and the compute efficiency is the kernels' own (not a fitted 17.5%)."""
+    pred, eff = _roofline("a100-pcie")
+    assert eff.prefill_compute_efficiency >= 0.5
+    slow, _ = _roofline("a100-pcie", allreduce_bus_gb_s=eff.allreduce_bus_gb_s / 2)
+    n = 2000
+    gained = slow.prefill_time([n]) - pred.prefill_time([n])
+    assert gained == pytest.approx(slow.allreduce_time(n) - pred.allreduce_time(n), rel=1e-9)
+    message = n * 8192 * 2.0
+    ring = 2 * 3 / 4 * message / (eff.allreduce_bus_gb_s * 1e9)
+    assert pred.allreduce_time(n) == pytest.approx(2 * 80 * (eff.allreduce_latency_s + ring))
+
+
+def test_npu_decode_step_grows_with_batch_and_each_requests_context():
+    """Decode step = fixed per-step costs + max(compute, weights + every request's KV reads):
+    at a fixed batch it grows linearly with total context at the attention's KV-read rate."""
+    pred, eff = _roofline("p150a")
+    b = 32
+    t1, t2 = pred.decode_step_time(b, b * 1000), pred.decode_step_time(b, b * 3000)
+    kv_rate = 4 * 512e9 * (eff.decode_attention_efficiency or eff.decode_memory_efficiency)
+    assert t2 - t1 == pytest.approx(b * 2000 * pred._kv_per_token / kv_rate, rel=1e-9)
+    assert pred.decode_step_time(1, 1000) < pred.decode_step_time(b, b * 1000)
+    slower, _ = _roofline("p150a", decode_attention_efficiency=0.05)
+    assert slower.decode_step_time(b, b * 3000) > pred.decode_step_time(b, b * 3000)

@@ -239,7 +239,8 @@ def register(subparsers) -> None:
     src.add_argument("--trace", help="trace file (any format hawk replay reads)")
     src.add_argument("--workload", choices=sorted(WORKLOADS))
     p.add_argument("--num-requests", type=_layers, default=50)
-    p.add_argument("--rate", type=float, default=2.0, help="requests/s for --workload")
+    p.add_argument("--rate", type=float, default=0.5,
+                   help="requests/s for --workload (default 0.5, as hawk simulate)")
     p.add_argument("--context", type=_layers, default=512,
                    help="tokens a request may hold; longer traces are scaled down to fit")
     p.add_argument("--ttft-slo", type=float)

@@ -108,11 +108,13 @@ class LocalCluster:
         with urllib.request.urlopen(self.endpoint + path, timeout=120) as r:
             return json.loads(r.read())
 
-    def wait_for(self, num_prefill: int, num_decode: int) -> None:
+    def wait_for(self, num_prefill: int, num_decode: int, exact: bool = False) -> None:
+        """Wait until at least (``exact``: exactly) that many workers of each role are live."""
         deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
             h = self.health()
-            if h["prefill"] >= num_prefill and h["decode"] >= num_decode:
+            if (h["prefill"], h["decode"]) == (num_prefill, num_decode) or (
+                    not exact and h["prefill"] >= num_prefill and h["decode"] >= num_decode):
                 return
             dead = [f"{r}-{i} (exit {p.returncode})" for (r, i), p in self.workers.items()
                     if p.poll() is not None and p.returncode != -signal.SIGKILL]

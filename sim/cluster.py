@@ -128,7 +128,10 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                               memory=pool_for(config, decode_blocks), pricing=pricing,
                               max_batch_size=cl.decode.max_batch_size,
                               host_slowdown=getattr(pricing, "host_slowdown", 1.0),
-                              fast_forward=cl.fast_forward)
+                              fast_forward=cl.fast_forward, admission=cl.decode.admission,
+                              max_tokens=min(model.max_context,
+                                             decode_blocks * cl.decode.block_size),
+                              restore_time=restore_time(config, decode_pred))
                for k in range(cl.decode.num_instances)]
     counter = [0]
 
@@ -185,6 +188,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         "prefill_buffer_blocks": prefill_blocks,
         "decode_capacity_blocks": decode_blocks,
         "decode_memory": [d.memory.stats() for d in decodes],
+        "decode_preemptions": [d.num_preemptions for d in decodes],
         "in_system": samples,
     }
     summary.update(metrics.utilization(stats, float(env.now)))
@@ -204,6 +208,28 @@ def _power_and_cost(stats: dict, summary: dict, config: RunConfig) -> dict:
             "tokens_per_joule": energy["tokens_per_joule"],
             "tokens_per_s_per_dollar": cost["tokens_per_s_per_dollar"],
             "usd_per_request": cost["usd_per_request"]}
+
+
+def restore_time(config: RunConfig, predictor):
+    """Seconds to give a preempted request its KV back on the decode instance
+    (``policies.admission``): ``(tokens, "recompute")`` is a prefill-like pass of those tokens
+    priced by the decode instance's predictor; ``(tokens, "swap")`` one copy of their KV
+    between device and host memory, each device over its own PCIe link (the profile's
+    ``[transfer]`` GPU or NPU PCIe bandwidth)."""
+    from sim.transfer import transfer_params
+
+    cl = config.cluster
+    params = transfer_params(cl.profile)
+    kind = catalog.device(cl.decode.device).kind
+    pcie = (params.npu_pcie_gb_s if kind == "npu" else params.gpu_pcie_gb_s) * 1e9 * cl.decode.tp
+    per_token = catalog.model(cl.model).kv_bytes_per_token(cl.decode.kv_dtype)
+
+    def seconds(tokens: int, how: str) -> float:
+        if how == "recompute":
+            return predictor.prefill_time([tokens])
+        return tokens * per_token / pcie
+
+    return seconds
 
 
 def _free_blocks(pool) -> int:

@@ -42,7 +42,7 @@ SCENARIO = {
 }
 #: the scenario's instance settings that do not depend on the device (docs/paper.md 5: TP4)
 SCENARIO_ANY_DEVICE = {"tp": 4, "num_instances": 1, "max_batch_tokens": 8192,
-                       "kv_cache_gb": None}
+                       "kv_cache_gb": None, "admission": "on-demand-recompute"}
 
 
 class ConfigError(ValueError):
@@ -93,6 +93,7 @@ class InstanceConfig:
     kv_cache_gb: float | None = None    # cap on KV memory in GB (prefill: the send buffer;
                                         # decode: the KV pool)
     max_num_blocks: int | None = None   # KV blocks the engine allocates (TT vLLM's max_num_blocks)
+    admission: str | None = None        # decode KV admission (policies.admission.ADMISSION)
     role: str = "instance"
 
     def __post_init__(self) -> None:
@@ -113,6 +114,7 @@ class InstanceConfig:
             _check_range(w, "kv_cache_gb", self.kv_cache_gb, 0.0, 1e6)
         if self.max_num_blocks is not None:
             _check_range(w, "max_num_blocks", self.max_num_blocks, 0, 10**9, integer=True)
+        _check_admission(self, w)
         _check_pairing(self, w)
 
     @property
@@ -142,6 +144,19 @@ def _resolve(inst: InstanceConfig, w: str) -> tuple[dict, dict]:
                 values[name], sources[name] = table[name], source
                 break
     return values, sources
+
+
+def _check_admission(inst: InstanceConfig, w: str) -> None:
+    """Decode KV admission is a decode setting; prefill instances have none."""
+    from policies.admission import ADMISSION
+
+    if inst.role == "prefill":
+        if inst.sources["admission"] == "user":
+            raise ConfigError(f"{w}.admission: KV admission is a decode setting; set it in "
+                              f"[cluster.decode]")
+        object.__setattr__(inst, "admission", None)
+    else:
+        _check_choice(w, "admission", inst.admission, ADMISSION)
 
 
 def _check_pairing(inst: InstanceConfig, w: str) -> None:

@@ -32,6 +32,8 @@ import numpy as np
 import simpy
 from simpy.events import Timeout
 
+from hardware.kv_layout import blocks_for
+from policies.admission import ADMISSION, reserve_tokens
 from policies.batching import fcfs_decode_admit
 from sim.link import HostQueue
 from traces.schema import Status
@@ -40,7 +42,8 @@ from traces.schema import Status
 class DecodeInstance:
     def __init__(self, env: simpy.Environment, index: int, ledger, predictor, link, *,
                  memory, pricing, max_batch_size: int, host_slowdown: float = 1.0,
-                 fast_forward: bool = True):
+                 fast_forward: bool = True, admission: str = "oracle-reserve",
+                 max_tokens: int = 0, restore_time=None):
         self.env, self.index, self.ledger = env, index, ledger
         self.predictor, self.link = predictor, link
         self.memory, self.pricing = memory, pricing
@@ -64,6 +67,28 @@ class DecodeInstance:
         self._end = 0.0                   # when the live run ends (>= _timer_at)
         self.busy_time = 0.0              # runs committed so far (up to the live plan's start)
         self.num_iterations = 0
+        # KV admission (policies.admission). A staging pool (GN-Direct's single buffer) lays
+        # each request out whole when it lands, so it reserves prompt + output whatever the
+        # policy: on-demand growth is modelled for the block and HAWK pools.
+        self.admission = ADMISSION[admission]
+        self.max_tokens = max_tokens          # longest context one request may reach here
+        self.restore_time = restore_time      # (tokens, "recompute"|"swap") -> seconds
+        on_demand = self.admission.on_demand and not self._stages
+        if not on_demand:
+            self.admission = ADMISSION["oracle-reserve"] if self._stages else self.admission
+        self._kv = None
+        if on_demand:
+            from sim.npu_memory import GrowingKV
+
+            self._kv = GrowingKV(memory)
+        self._resume: dict = {}               # preempted request -> context it resumes with
+        self._preempted_at: dict = {}         # preempted request -> instant of its preemption
+        self._restoring: list = []            # (request, seconds): KV being restored
+        self._stall = 0.0                     # restore/swap seconds due at the next boundary
+        self._boundary_at = 0.0               # when the live plan's first boundary was reached
+        self.num_preemptions = 0
+        self._preempted_step = -1             # the last step that preempted (no joins then)
+        self._idle_at = 0.0                   # when the last run ended (idle since)
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in decode iterations, for ``t`` = now (the end of a run,
@@ -97,15 +122,28 @@ class DecodeInstance:
         try_reserve, prompt, output = self.memory.try_reserve, ledger.prompt, ledger.output
         while pending:
             i, source = pending[0]
-            verdict = try_reserve(i, prompt[i], output[i])
+            if source is None and now < self._preempted_at[i]:
+                break                 # preempted at a boundary planned ahead: not yet reached
+            if self._kv is None and self.admission.name == "oracle-reserve":
+                extra = output[i]
+            else:
+                extra = self._reservation(i)
+                if extra is None:
+                    break
+            verdict = try_reserve(i, prompt[i], extra)
             if verdict == "wait":
-                return
+                break
             pending.popleft()
             if verdict == "oom":
                 ledger.fail(i, Status.FAILED_OUT_OF_MEMORY, now)
                 source.release(i)
                 self.num_assigned -= 1
                 continue
+            if source is None:                        # preempted: its KV comes back here
+                self._restore(i)
+                continue
+            if self._kv is not None:
+                self._after_reserving(now)
             cost = self.pricing.price(prompt[i])
             ledger.kv_bytes[i] = int(cost.wire_bytes)
             ledger.transfer_start_at[i] = now
@@ -162,6 +200,71 @@ class DecodeInstance:
             if self._plan is not None:
                 self._change_at_next_boundary(self.env.now)
 
+    # -- on-demand blocks and preemption (policies.admission) ----------------------------
+    def _reservation(self, i: int) -> int | None:
+        """Tokens beyond the prompt that request ``i`` reserves now, or None: it must wait
+        (on-demand: the blocks a running step holds are not free)."""
+        prompt = self.ledger.prompt[i]
+        context = self._resume.get(i, prompt + 1) if self._resume else prompt + 1
+        tokens = reserve_tokens(self.admission, prompt, self.ledger.output[i], context,
+                                self.max_tokens)
+        kv = self._kv
+        if kv is not None:
+            last = self.iteration + self._plan[3] - 1 if self._plan else self.iteration
+            if not kv.fits(blocks_for(tokens, kv.block_size), last, self._step_now):
+                self.memory.num_waits += 1
+                return None
+        return tokens - prompt
+
+    def _step_now(self) -> int:
+        """The decode step in progress now (its blocks are taken)."""
+        if self._plan is None:
+            return self.iteration
+        start, batch, context, steps, factor = self._plan
+        now = self.env.now
+        if now < start:                # in a stall (step `iteration` has its blocks) or a run
+            return self.iteration if now >= self._boundary_at else self.iteration - 1
+        j, _ = self.predictor.decode_next_boundary(batch, context, steps, (now - start) / factor)
+        return self.iteration + j - 1
+
+    def _after_reserving(self, now: float) -> None:
+        """Reservations made now may cut the live run short, and restores join at the next
+        boundary; both take effect there (at once when the instance is idle)."""
+        if self._plan is None:
+            if self._restoring:
+                self._admit_and_plan(max(now, self._idle_at), now)
+            return
+        if self._restoring and now == self._boundary_at:
+            self._admit_and_plan(self._plan[0], now, redo=True)   # this boundary: redo it
+            return
+        last, kv, free = self.iteration + self._plan[3] - 1, self._kv, self.memory.free_blocks
+        if self._restoring or (kv.growth_upper(last) > free and kv.growth(last) > free):
+            self._change_at_next_boundary(now)
+
+    def _restore(self, i: int) -> None:
+        """Preempted ``i`` has its blocks again: its KV is recomputed (a prefill-like pass of
+        the tokens it had) or swapped back in, stalling the batch at the next boundary."""
+        context = self._resume[i]
+        del self._preempted_at[i]
+        kind = self.admission.preemption
+        tokens = context - 1 if kind == "recompute" else context
+        self._restoring.append((i, self.restore_time(tokens, kind) if tokens > 0 else 0.0))
+        self._after_reserving(self.env.now)
+
+    def _preempt(self, i: int, base: int, it: int) -> None:
+        """Preempt running ``i`` at iteration ``it``: free its blocks and queue it first."""
+        running = self.running
+        running[:] = [entry for entry in running if entry[1] != i]
+        heapq.heapify(running)
+        self._context_base -= base
+        self.memory.release(i)
+        context = self._resume[i] = base + it
+        self._preempted_at[i] = self._boundary_at
+        if self.admission.preemption == "swap":
+            self._stall += self.restore_time(context, "swap")      # swap out
+        self.pending.appendleft((i, None))
+        self.num_preemptions += 1
+
     # -- the batch loop -----------------------------------------------------------------
     def _change_at_next_boundary(self, now: float) -> None:
         """A change mid-run (a request landed with room in the batch, a new step-time factor)
@@ -170,11 +273,11 @@ class DecodeInstance:
         if not self.fast_forward:
             return                                     # the oracle stops at every boundary
         start, batch, context, steps, factor = self._plan
-        if now < start:
+        if now < start and now < self._boundary_at:
             at = start                                 # a planned run not yet begun: redo it
-        else:
+        else:                                          # (in a stall, its first step has begun)
             done, t = self.predictor.decode_next_boundary(batch, context, steps,
-                                                          (now - start) / factor)
+                                                          max(now - start, 0.0) / factor)
             if done >= steps:
                 return                                 # the run's end is that boundary
             at = start + factor * t
@@ -210,27 +313,54 @@ class DecodeInstance:
             prompt, joined = ledger.prompt, ledger.join_iteration
             while running and running[0][0] == it:
                 _, i = heapq.heappop(running)
-                self._context_base -= prompt[i] + 1 - joined[i]
+                self._context_base -= (self._kv.leave(i) if self._kv is not None
+                                       else prompt[i] + 1 - joined[i])
                 self._finish(i, now)
             freed = True
-        self._admit_and_plan(now, now)
+        self._admit_and_plan(now if self._plan is not None or now >= self._idle_at
+                             else self._idle_at, now)
         if freed and self.pending:
             self._pull()
 
-    def _admit_and_plan(self, at: float, now: float) -> None:
+    def _admit_and_plan(self, at: float, now: float, redo: bool = False) -> None:
         """Join waiting requests at iteration boundary ``at``, then plan the run from there:
-        up to the next finish (fast-forward) or one iteration (the oracle)."""
-        running, waiting, it = self.running, self.waiting, self.iteration
-        if waiting:
+        up to the next finish (fast-forward) or one iteration (the oracle); on-demand, also
+        up to the first step short of blocks, where running requests are preempted."""
+        running, waiting, it, kv = self.running, self.waiting, self.iteration, self._kv
+        if not redo:
+            self._boundary_at = at
+        if kv is not None:
+            if running:
+                before = len(running)
+                for i, base in kv.make_room(it):
+                    self._preempt(i, base, it)
+                if len(running) < before:          # no joins in a step that preempted
+                    self._preempted_step = it if running else -1
+            for i, seconds in reversed(self._restoring):
+                waiting.appendleft(i)
+                self._stall += seconds
+            self._restoring.clear()
+            if self._stall:
+                self.busy_time += self._stall
+                at += self._stall
+                self._stall = 0.0
+        preempted = self._preempted_step == it
+        if waiting and not preempted:
             ledger = self.ledger
             for _ in range(fcfs_decode_admit(len(waiting), len(running), self.max_batch_size)):
                 i = waiting.popleft()
                 ledger.join_iteration[i] = it
-                self._context_base += ledger.prompt[i] + 1 - it
-                heapq.heappush(running, (it + ledger.output[i] - 1, i))
+                prompt = ledger.prompt[i]
+                context = self._resume.pop(i, prompt + 1) if self._resume else prompt + 1
+                self._context_base += context - it
+                heapq.heappush(running, (it + ledger.output[i] - context + prompt, i))
+                if kv is not None:
+                    kv.join(i, context - it)
         if running:
             batch, factor = len(running), self._factor
             steps = running[0][0] - it if self.fast_forward else 1
+            if kv is not None:
+                steps = kv.steps_fitting(it, 1 if preempted and waiting else steps)
             context = self._context_base + batch * it
             self._plan = (at, batch, context, steps, factor)
             end = at + factor * self.predictor.decode_time(batch, context, steps)
@@ -242,3 +372,4 @@ class DecodeInstance:
         else:
             self._plan = None
             self._timer = None
+            self._idle_at = at                 # a boundary planned ahead ends there

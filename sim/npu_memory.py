@@ -242,6 +242,83 @@ class SingleBufferPool(_BankGrid):
         return {"kind": "single_buffer", "num_staging": len(self.staging), **super().stats()}
 
 
+class GrowingKV:
+    """On-demand blocks of one decode instance's running requests, kept in closed form.
+
+    Running requests advance in lockstep: request ``i`` holds KV for ``base[i] + t`` tokens in
+    step ``t`` of the instance, so it holds ``ceil((base[i] + t) / block_size)`` blocks then,
+    of which the pool reserved ``pool.held[i]`` at its pull; the rest is its growth, taken from
+    the pool's free blocks without a call per block (``policies.admission``). An upper bound
+    on the growth, ``(sum(base) + n (t + B - 1)) // B - reserved``, answers most questions in
+    O(1); the exact sum, O(batch), only where the bound does not settle them. ``base`` keeps
+    admission order (the most recent is the one preempted).
+    """
+
+    def __init__(self, pool: BlockPool):
+        self.pool, self.block_size = pool, pool.block_size
+        self.base: dict = {}          # request -> base (tokens at step t: base + t)
+        self.sum_base = 0
+        self.reserved = 0             # blocks the running requests reserved at their pull
+
+    def join(self, request, base: int) -> None:
+        self.base[request] = base
+        self.sum_base += base
+        self.reserved += self.pool.held[request]
+
+    def leave(self, request) -> int:
+        base = self.base.pop(request)
+        self.sum_base -= base
+        self.reserved -= self.pool.held[request]
+        return base
+
+    def growth_upper(self, t: int) -> int:
+        n = len(self.base)
+        return (self.sum_base + n * (t + self.block_size - 1)) // self.block_size - self.reserved
+
+    def growth(self, t: int) -> int:
+        """Blocks held beyond the reservations in step ``t`` (exact)."""
+        b, held = self.block_size, self.pool.held
+        return sum(max(0, -(-(x + t) // b) - held[i]) for i, x in self.base.items())
+
+    def fits(self, need: int, t_last: int, step_now) -> bool:
+        """Whether ``need`` more blocks can be reserved now without taking any that step
+        ``step_now()`` holds (``t_last``: the last step planned, for the O(1) bound)."""
+        free = self.pool.free_blocks
+        if not self.base or need <= free - self.growth_upper(t_last):
+            return need <= free
+        return need <= free - self.growth(step_now())
+
+    def steps_fitting(self, t: int, max_steps: int) -> int:
+        """Steps t, t+1, ... (at most ``max_steps``) whose blocks fit (``steps_until_full``)."""
+        from policies.admission import steps_until_full
+
+        free = self.pool.free_blocks
+        if not self.base or self.growth_upper(t + max_steps - 1) <= free:
+            return max_steps
+        spare = free - self.growth(t)
+        if spare < 0:
+            return 0
+        return steps_until_full([x + t for x in self.base.values()], spare, self.block_size,
+                                max_steps)
+
+    def make_room(self, t: int) -> list:
+        """Requests to preempt, most recent first, so that step ``t`` gets its blocks; each
+        has left (``leave``); the caller releases their reservations. [(request, base)]"""
+        from policies.admission import pick_victim
+
+        free = self.pool.free_blocks
+        if not self.base or self.growth_upper(t) <= free:
+            return []
+        over, b, held = self.growth(t) - free, self.block_size, self.pool.held
+        victims = []
+        while over > 0 and self.base:
+            v = pick_victim(self.base)
+            x = self.base[v]
+            over -= max(0, -(-(x + t) // b) - held[v]) + held[v]    # its growth and reservation
+            victims.append((v, self.leave(v)))
+        return victims
+
+
 def make_pool(pool: str, capacity_blocks: int, block_size: int, num_banks: int = 0,
               staging_slots_per_token: float = 0.0):
     """The pool a mechanism names (``sim.transfer.Mechanism.pool``) for a decode instance."""

@@ -42,6 +42,35 @@ def test_fast_forward_matches_oracle(seed, rate, max_batch, decodes):
     assert_same_instants(fast, slow)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rate=st.floats(1.0, 6.0),
+       max_batch=st.integers(1, 48), decodes=st.integers(1, 3),
+       blocks=st.integers(100, 400), swap=st.booleans())
+def test_fast_forward_matches_oracle_through_preemption(seed, rate, max_batch, decodes, blocks,
+                                                        swap):
+    """Small pools under load: on-demand blocks run out mid-run and requests are preempted
+    (recompute or swap) and restored; the runs agree instant for instant."""
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, 150, rate, max_output=300)
+    config = make_config(**{"cluster.decode.max_batch_size": max_batch,
+                            "cluster.decode.num_instances": decodes,
+                            "cluster.decode.max_num_blocks": blocks,
+                            "cluster.decode.admission": "on-demand-swap" if swap
+                            else "on-demand-recompute"})
+    fast = simulate(config, trace)
+    slow = simulate(config.replace(**{"cluster.fast_forward": False}), trace)
+    assert fast.stats["decode_preemptions"] == slow.stats["decode_preemptions"]
+    assert_same_instants(fast.records, slow.records)
+
+
+def test_fast_forward_preempts_somewhere_in_the_property_above():
+    """The property above is not vacuous: one of its cases preempts."""
+    trace = random_trace(np.random.default_rng(3), 150, 3.0, max_output=300)
+    config = make_config(**{"cluster.decode.max_batch_size": 32,
+                            "cluster.decode.max_num_blocks": 200})
+    assert simulate(config, trace).stats["decode_preemptions"][0] > 0
+
+
 def test_fast_forward_matches_oracle_with_a_table_predictor():
     config = make_config(**{"cluster.decode.max_batch_size": 16})
     roofline = make_predictor(config, config.cluster.decode)

@@ -1,0 +1,155 @@
+"""Decode KV admission: the policies as pure functions, on-demand blocks in the simulator."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import sim.cluster
+from hardware.kv_layout import blocks_for
+from policies.admission import (ADMISSION, DEFAULT_ADMISSION, pick_victim, reserve_tokens,
+                                steps_until_full)
+from sim.cluster import simulate
+from sim.config import ConfigError, RunConfig
+from sim.npu_memory import BlockPool, GrowingKV
+from sim.predictor import TablePredictor
+from traces.schema import write_records
+from tests.builders import FreeTransfer, make_config, random_trace
+
+GOLDEN = Path(__file__).parent / "data" / "oracle_reserve_records.csv"
+
+
+def table_run(tmp_path=None, trace_seed=11, num_requests=300, rate=4.0, **changes):
+    """A small cluster timed by a table (independent of the roofline profile)."""
+    config = make_config(**{"cluster.decode.max_batch_size": 8,
+                            "cluster.decode.max_num_blocks": 300,
+                            "cluster.link.bandwidth_gb_s": 50.0, **changes})
+    table = TablePredictor([1, 4096], [0.02, 0.4], [1, 64], [0, 200_000],
+                           [[0.02, 0.03], [0.05, 0.08]])
+    trace = random_trace(np.random.default_rng(trace_seed), num_requests, rate,
+                         max_prompt=2000, max_output=300)
+    return simulate(config, trace, predictors=(table, table), pricing=FreeTransfer())
+
+
+# -- the policies ----------------------------------------------------------------------
+def brute_steps_until_full(contexts, free, block, max_steps):
+    held = sum(blocks_for(c, block) for c in contexts)
+    for k in range(max_steps):
+        if sum(blocks_for(c + k, block) for c in contexts) - held > free:
+            return k
+    return max_steps
+
+
+@settings(max_examples=200, deadline=None)
+@given(contexts=st.lists(st.integers(1, 300), max_size=12), free=st.integers(0, 40),
+       block=st.sampled_from([1, 4, 16, 32]), max_steps=st.integers(1, 400))
+def test_steps_until_full_matches_stepping(contexts, free, block, max_steps):
+    assert steps_until_full(np.array(contexts, dtype=np.int64), free, block, max_steps) == \
+        brute_steps_until_full(contexts, free, block, max_steps)
+
+
+def test_reservations_per_policy():
+    prompt, output, context, longest = 100, 50, 101, 4096
+    assert reserve_tokens(ADMISSION["oracle-reserve"], prompt, output, context, longest) == 150
+    assert reserve_tokens(ADMISSION["reserve-max"], prompt, output, context, longest) == 4096
+    for name in ("on-demand-recompute", "on-demand-swap"):
+        assert reserve_tokens(ADMISSION[name], prompt, output, context, longest) == 101
+    assert pick_victim({5: 0, 2: 0, 9: 0}) == 9          # the most recently admitted
+
+
+@settings(max_examples=100, deadline=None)
+@given(contexts=st.lists(st.integers(1, 500), min_size=1, max_size=10),
+       spare=st.integers(0, 30), t=st.integers(0, 50), steps=st.integers(1, 200))
+def test_growing_kv_bound_and_fit_match_the_exact_sums(contexts, spare, t, steps):
+    block = 16
+    pool = BlockPool(10_000, block)
+    kv = GrowingKV(pool)
+    for i, c in enumerate(contexts):               # joined at step t with context c
+        assert pool.try_reserve(i, c, 0) == "ok"
+        kv.join(i, c - t)
+    pool.free_blocks = spare                        # what is left for growth
+    for k in range(0, steps, 7):
+        exact = sum(blocks_for(c + k, block) - blocks_for(c, block) for c in contexts)
+        assert kv.growth(t + k) == exact <= kv.growth_upper(t + k)
+    assert kv.steps_fitting(t, steps) == brute_steps_until_full(contexts, spare, block, steps)
+
+
+# -- configuration ---------------------------------------------------------------------
+def test_default_admission_is_on_demand_and_names_are_checked():
+    assert RunConfig().cluster.decode.admission == DEFAULT_ADMISSION == "on-demand-recompute"
+    assert RunConfig().cluster.prefill.admission is None
+    with pytest.raises(ConfigError, match=r"cluster.decode.admission must be one of .*"
+                                          r"oracle-reserve"):
+        make_config(**{"cluster.decode.admission": "oracle"})
+    with pytest.raises(ConfigError, match="cluster.prefill.admission: KV admission is a decode"):
+        make_config(**{"cluster.prefill.admission": "oracle-reserve"})
+
+
+# -- in the simulator ------------------------------------------------------------------
+def test_oracle_reserve_reproduces_the_records_of_up_front_reservation(tmp_path):
+    """The committed records were written by the simulator before admission policies
+    existed (it reserved prompt + true output); the named policy gives the same bytes."""
+    out = write_records(table_run(**{"cluster.decode.admission": "oracle-reserve"}).records,
+                        tmp_path / "records.csv")
+    assert out.read_bytes() == GOLDEN.read_bytes()
+
+
+@pytest.mark.parametrize("admission", ["on-demand-recompute", "on-demand-swap"])
+def test_on_demand_preempts_under_pressure_and_loses_nothing(admission):
+    result = table_run(**{"cluster.decode.admission": admission,
+                          "cluster.decode.max_num_blocks": 150})
+    records = result.records
+    assert (records["status"] == "ok").all()
+    assert (records["num_generated_tokens"] == records["num_output_tokens"]).all()
+    assert result.stats["decode_preemptions"][0] > 0
+    memory = result.stats["decode_memory"][0]
+    assert memory["occupancy"] == 0 and memory["num_requests"] == 0      # every block back
+
+
+def test_on_demand_holds_more_requests_at_once_than_reserving_the_true_output():
+    """Same trace and pool: reserving only what is used lets more KV caches in."""
+    def peak_concurrency(records):
+        start, end = records["transfer_start_at"].to_numpy(), records["finished_at"].to_numpy()
+        events = sorted([(t, 1) for t in start] + [(t, -1) for t in end])
+        return max(np.cumsum([d for _, d in events]))
+
+    oracle = table_run(**{"cluster.decode.admission": "oracle-reserve",
+                          "cluster.decode.max_batch_size": 64}).records
+    on_demand = table_run(**{"cluster.decode.admission": "on-demand-recompute",
+                             "cluster.decode.max_batch_size": 64}).records
+    assert peak_concurrency(on_demand) > peak_concurrency(oracle)
+
+
+def test_reserve_max_holds_one_request_when_the_pool_holds_one_longest_context():
+    records = table_run(num_requests=40, **{"cluster.decode.admission": "reserve-max",
+                                            "cluster.decode.max_num_blocks": 128}).records
+    assert (records["status"] == "ok").all()
+    spans = records.sort_values("transfer_start_at")[["transfer_start_at", "finished_at"]]
+    starts, ends = spans.to_numpy().T
+    assert (starts[1:] >= ends[:-1]).all()                     # one KV cache at a time
+
+
+@pytest.mark.parametrize("admission,calls_per_preemption", [("on-demand-recompute", 1),
+                                                           ("on-demand-swap", 2)])
+def test_restoring_a_preempted_request_prices_its_context(monkeypatch, admission,
+                                                          calls_per_preemption):
+    """Recompute: one prefill-like pass over the tokens it had, less the newest (its KV is
+    computed by the next decode step). Swap: the whole context out, then back in."""
+    calls = []
+    make = sim.cluster.restore_time
+
+    def spy(config, predictor):
+        seconds = make(config, predictor)
+        return lambda tokens, how: calls.append((tokens, how)) or seconds(tokens, how)
+
+    monkeypatch.setattr(sim.cluster, "restore_time", spy)
+    result = table_run(**{"cluster.decode.admission": admission,
+                          "cluster.decode.max_num_blocks": 150})
+    preemptions = result.stats["decode_preemptions"][0]
+    assert preemptions > 0 and len(calls) == calls_per_preemption * preemptions
+    how = admission.rsplit("-", 1)[1]
+    assert {h for _, h in calls} == {how}
+    prompts = set(result.records["num_prompt_tokens"])
+    if how == "recompute":               # tokens = prompt + generated - 1 >= prompt
+        assert all(t >= min(prompts) for t, _ in calls)

@@ -2,7 +2,8 @@
 
 ``LocalCluster(...).start()`` starts the router, reads its endpoint, starts the prefill and
 decode workers pointed at its control port (all on loopback unless ``host`` says otherwise),
-waits until every worker has joined, and returns. ``stop()`` ends every child it started (SIGINT,
+waits until every worker has joined, and returns. Children run in their own sessions, so a
+Ctrl-C at the terminal reaches only this process, which then stops them. ``stop()`` ends every child it started (SIGINT,
 then SIGKILL after a grace period) and waits for it, so nothing outlives a run or a test.
 ``kill_worker`` / ``start_worker`` are for fault drills. All share one fresh run token, passed in
 the environment (never on a command line).
@@ -68,7 +69,8 @@ class LocalCluster:
         if c.model:
             cmd += ["--model", c.model]
         self.router = subprocess.Popen(cmd, env=self._env(), stdout=subprocess.PIPE,
-                                       stderr=self._stderr("router"), text=True)
+                                       stderr=self._stderr("router"), text=True,
+                                       start_new_session=True)
         line = self.router.stdout.readline()
         if not line:
             self.stop()
@@ -97,7 +99,8 @@ class LocalCluster:
         key = (role, self._started[role])
         self._started[role] += 1
         self.workers[key] = subprocess.Popen(cmd, env=self._env(), stdout=subprocess.DEVNULL,
-                                             stderr=self._stderr(f"{role}-{key[1]}"))
+                                             stderr=self._stderr(f"{role}-{key[1]}"),
+                                             start_new_session=True)
         return key
 
     def health(self) -> dict:

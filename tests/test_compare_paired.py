@@ -116,7 +116,8 @@ def test_cli_on_a_multi_customer_trace_saves_both_arms_and_a_verdict(tmp_path, c
     b.write_text('[cluster.policies]\nfairness = "weighted_fair"\n')
     limits.write_text('improve = "ttft_p90_s"\ntenants = ["quiet-1", "quiet-2", "quiet-3"]\n'
                       '[limits]\nfailure_rate = 0.0\n')
-    trace = _write_trace(bursty_customers(rate=1.6, duration_s=300, seed=3), tmp_path / "t.csv")
+    # well past the knee, so that queues form behind the bursts
+    trace = _write_trace(bursty_customers(rate=4.0, duration_s=300, seed=3), tmp_path / "t.csv")
     out = tmp_path / "out"
     assert main(["compare", "--baseline", str(a), "--candidate", str(b), "--trace", str(trace),
                  "--limits", str(limits), "--out", str(out), "--json"]) == 0
@@ -134,7 +135,7 @@ def test_cli_on_a_multi_customer_trace_saves_both_arms_and_a_verdict(tmp_path, c
 
 def test_cli_pairs_recorded_runs_by_request_id(tmp_path, capsys):
     for name, extra in (("a", []), ("b", ["--policy", "prefill_batching=shortest-prompt-first"])):
-        assert main(["simulate", "--num-requests", "150", "--rate", "1.0", "--config",
+        assert main(["simulate", "--num-requests", "150", "--rate", "4.0", "--config",
                      str(_budget(tmp_path)), "--out", str(tmp_path / name), *extra]) == 0
     capsys.readouterr()
     assert main(["compare", "--baseline", str(tmp_path / "a"), "--candidate",
@@ -149,5 +150,5 @@ def test_cli_pairs_recorded_runs_by_request_id(tmp_path, capsys):
 
 def _budget(tmp_path):
     path = tmp_path / "budget.toml"
-    path.write_text("[cluster.prefill]\nmax_batch_tokens = 2048\n")
+    path.write_text("[cluster.prefill]\nmax_batch_size = 1\n")      # a queue forms
     return path

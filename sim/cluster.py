@@ -135,11 +135,14 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                for k in range(cl.decode.num_instances)]
     counter = [0]
 
+    faulty = config.faults.active
+
     def route_to_decode(i: int, source) -> None:
-        k = decode_route([d.load for d in decodes], [_free_blocks(d.memory) for d in decodes],
+        live = [d for d in decodes if not d.lost] or decodes if faulty else decodes
+        k = decode_route([d.load for d in live], [_free_blocks(d.memory) for d in live],
                          counter[0])
         counter[0] += 1
-        decodes[k].offer(i, source)
+        live[k].offer(i, source)
 
     # With one decode instance there is nothing to decide.
     to_decode = decodes[0].offer if len(decodes) == 1 else route_to_decode
@@ -166,6 +169,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     samples: list[tuple[float, int]] = []
     if monitor_interval_s is not None:
         env.process(_monitor(env, ledger, monitor_interval_s, samples))
+    if faulty:
+        _inject_faults(env, config, decodes, route_to_decode)
     env.run(until=until)
     if bar is not None:
         bar.close()
@@ -189,6 +194,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         "decode_capacity_blocks": decode_blocks,
         "decode_memory": [d.memory.stats() for d in decodes],
         "decode_preemptions": [d.num_preemptions for d in decodes],
+        "failed_transfer_attempts": decodes[0].faults.num_failed_attempts if faulty else 0,
         "in_system": samples,
     }
     summary.update(metrics.utilization(stats, float(env.now)))
@@ -208,6 +214,21 @@ def _power_and_cost(stats: dict, summary: dict, config: RunConfig) -> dict:
             "tokens_per_joule": energy["tokens_per_joule"],
             "tokens_per_s_per_dollar": cost["tokens_per_s_per_dollar"],
             "usd_per_request": cost["usd_per_request"]}
+
+
+def _inject_faults(env, config: RunConfig, decodes: list, reroute) -> None:
+    """Hand the decode instances the run's fault schedule (``sim.faults``) and lose the
+    instances ``[faults] instance_loss`` names at their instants."""
+    from sim.faults import Faults
+
+    faults = Faults(config.faults, config.seed)
+    for d in decodes:
+        d.faults, d.reroute = faults, reroute
+    for k, (index, at) in enumerate(config.faults.instance_loss):
+        if index >= len(decodes):
+            raise ConfigError(f"faults.instance_loss[{k}]: decode_index {index}, but the "
+                              f"cluster has {len(decodes)} decode instance(s)")
+        env.timeout(at).callbacks.append(lambda _ev, d=decodes[index]: d.lose())
 
 
 def restore_time(config: RunConfig, predictor):

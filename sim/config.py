@@ -314,12 +314,73 @@ def _check_heads(model, inst: InstanceConfig) -> None:
                 f"(KV heads) and {model.num_heads} (attention heads)")
 
 
+#: what a decode instance's requests do when it is lost (``FaultsConfig.on_instance_loss``)
+ON_INSTANCE_LOSS = ("fail", "reroute")
+
+
+@dataclass(frozen=True)
+class FaultsConfig:
+    """Faults injected into a simulated run (``sim.faults``); none by default.
+
+    ``transfer_failure_prob``: chance that one KV transfer attempt fails (drawn from a
+    generator seeded by the run's seed). ``link_down``: ``[[start_s, end_s], ...]``, instants
+    when the network between prefill and decode nodes is down; an attempt on the wire at any
+    moment of one fails. A failed attempt is retried after ``retry_backoff_s``, at most
+    ``max_retries`` times, then the request ends ``failed_transfer``. ``instance_loss``:
+    ``[[decode_index, at_s], ...]``, decode instances lost at those instants; the requests
+    whose KV cache it held end ``failed_instance_lost``, and those still waiting to be pulled
+    fail too (``on_instance_loss = "fail"``) or go to another live decode instance
+    (``"reroute"``)."""
+
+    transfer_failure_prob: float = 0.0
+    max_retries: int = 3
+    retry_backoff_s: float = 0.01
+    link_down: tuple = ()
+    instance_loss: tuple = ()
+    on_instance_loss: str = "fail"
+
+    def __post_init__(self) -> None:
+        _check_range("faults", "transfer_failure_prob", self.transfer_failure_prob, 0.0, 1.0)
+        _check_range("faults", "max_retries", self.max_retries, 0, 1000, integer=True)
+        _check_range("faults", "retry_backoff_s", self.retry_backoff_s, 0.0, 1e6)
+        _check_choice("faults", "on_instance_loss", self.on_instance_loss, ON_INSTANCE_LOSS)
+        object.__setattr__(self, "link_down", _pairs("link_down", self.link_down, "start_s",
+                                                     "end_s", integer_first=False))
+        for k, (start, end) in enumerate(self.link_down):
+            if not start < end:
+                raise ConfigError(f"faults.link_down[{k}]: start_s {start} must be before "
+                                  f"end_s {end}")
+        object.__setattr__(self, "instance_loss", _pairs("instance_loss", self.instance_loss,
+                                                         "decode_index", "at_s",
+                                                         integer_first=True))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.transfer_failure_prob or self.link_down or self.instance_loss)
+
+
+def _pairs(name: str, value, first: str, second: str, integer_first: bool) -> tuple:
+    """``[[a, b], ...]`` as a tuple of pairs, each number checked (>= 0)."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"faults.{name} must be a list of [{first}, {second}] pairs, "
+                          f"got {value!r}")
+    out = []
+    for k, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ConfigError(f"faults.{name}[{k}] must be [{first}, {second}], got {pair!r}")
+        _check_range(f"faults.{name}[{k}]", first, pair[0], 0, 10**9, integer=integer_first)
+        _check_range(f"faults.{name}[{k}]", second, pair[1], 0.0, 1e12)
+        out.append((pair[0], pair[1]))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     seed: int = 0
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
 
     def __post_init__(self) -> None:
         _check_range("run", "seed", self.seed, 0, 2**63 - 1, integer=True)
@@ -449,7 +510,8 @@ def from_dict(data: dict) -> RunConfig:
     cluster["link"] = _build(LinkConfig, cluster.get("link", {}), "cluster.link")
     cluster["policies"] = _build(PolicyConfig, cluster.get("policies", {}), "cluster.policies")
     config = RunConfig(**{
-        **{k: v for k, v in top.items() if k not in ("cluster", "workload", "slo")},
+        **{k: v for k, v in top.items() if k not in ("cluster", "workload", "slo", "faults")},
+        "faults": _build(FaultsConfig, top.get("faults", {}), "faults"),
         "cluster": ClusterConfig(**cluster),
         "workload": _build(WorkloadConfig, top.get("workload", {}), "workload"),
         "slo": _build(SloConfig, top.get("slo", {}), "slo"),
@@ -460,7 +522,7 @@ def from_dict(data: dict) -> RunConfig:
 
 def load_config(path: str | Path) -> RunConfig:
     """Read a TOML file: top-level ``seed`` and tables ``[cluster]``, ``[cluster.prefill]``,
-    ``[cluster.decode]``, ``[cluster.link]``, ``[workload]``, ``[slo]``."""
+    ``[cluster.decode]``, ``[cluster.link]``, ``[workload]``, ``[slo]``, ``[faults]``."""
     path = Path(path)
     try:
         with path.open("rb") as f:

@@ -2,9 +2,14 @@
 
 Flow of one request (Algorithm 1 of the paper, decode side):
 1. ``offer``: prefill is done; the request waits in ``pending`` until the instance's memory pool
-   (``sim.npu_memory``) can reserve its KV blocks for prompt + output (no preemption). A pool
-   that has the room in total but cannot lay it out fails the request (out of memory).
+   (``sim.npu_memory``) can reserve the blocks its admission policy asks for
+   (``policies.admission``: on-demand, the blocks of the context it lands with; the running
+   requests' blocks then grow with their contexts, and when a step cannot get its blocks the
+   most recently admitted is preempted, to the head of ``pending``, and later gets its KV back
+   by recompute or swap). A pool that has the room in total but cannot lay it out fails the
+   request (out of memory).
 2. Pull: the transfer is priced by the mechanism (``sim.transfer``) and handed to the link.
+   A failed attempt (``sim.faults``) is retried after a backoff, up to a limit.
    When the bytes have landed the prefill side frees its send buffer; the mechanism's after
    phase (host-to-device copy, re-layout) follows, during which a host-staged mechanism slows
    this node's decode steps. Then the KV is in the pool and the first token reaches the client.
@@ -89,6 +94,13 @@ class DecodeInstance:
         self.num_preemptions = 0
         self._preempted_step = -1             # the last step that preempted (no joins then)
         self._idle_at = 0.0                   # when the last run ended (idle since)
+        # Faults (sim.faults): set by the cluster when the run injects any.
+        self.faults = None
+        self.reroute = None                   # (request, source) -> None: another instance
+        self.lost = False
+        self._in_flight: dict = {}            # request -> its source until its bytes land
+        self._num_failed: dict = {}           # request -> failed attempts of its transfer
+        self._attempt_at: dict = {}           # request -> start of its current retry
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in decode iterations, for ``t`` = now (the end of a run,
@@ -111,6 +123,11 @@ class DecodeInstance:
     # -- pull and transfer --------------------------------------------------------------
     def offer(self, i: int, source) -> None:
         """Prefill of ``i`` is done on ``source``; pull its KV cache when memory allows."""
+        if self.lost:                         # no live instance was left to take it
+            self.ledger.decode_instance[i] = self.index
+            self.ledger.fail(i, Status.FAILED_INSTANCE_LOST, self.env.now)
+            source.release(i)
+            return
         self.num_assigned += 1
         self.ledger.decode_instance[i] = self.index
         self.pending.append((i, source))
@@ -144,6 +161,8 @@ class DecodeInstance:
                 continue
             if self._kv is not None:
                 self._after_reserving(now)
+            if self.faults is not None:
+                self._in_flight[i] = source
             cost = self.pricing.price(prompt[i])
             ledger.kv_bytes[i] = int(cost.wire_bytes)
             ledger.transfer_start_at[i] = now
@@ -153,6 +172,8 @@ class DecodeInstance:
     def _arrived(self, transfer: tuple) -> None:
         """The last byte landed: free the sender, then the mechanism's after phase."""
         i, source, cost = transfer
+        if self.faults is not None and self._transfer_fault(transfer):
+            return
         source.release(i)
         if cost.after_s > 0:
             if cost.host_cpu_s > 0:
@@ -173,6 +194,10 @@ class DecodeInstance:
 
     def _landed(self, i: int) -> None:
         """The KV cache of ``i`` is in the pool: its first token reaches the client."""
+        if self.faults is not None:
+            if self.lost:
+                return                            # failed with the instance
+            self._in_flight.pop(i, None)
         ledger, now = self.ledger, self.env.now
         if self._stages:
             self.memory.relayout_done(i)
@@ -199,6 +224,71 @@ class DecodeInstance:
             self._factor = factor
             if self._plan is not None:
                 self._change_at_next_boundary(self.env.now)
+
+    # -- faults (sim.faults) --------------------------------------------------------------
+    def _transfer_fault(self, transfer: tuple) -> bool:
+        """The attempt of ``transfer`` has completed: True when it failed (it is retried after
+        the backoff, or the request fails) or the instance was lost meanwhile."""
+        i, source, cost = transfer
+        if self.lost:
+            return True
+        now, faults = self.env.now, self.faults
+        started = self._attempt_at.pop(i, self.ledger.transfer_start_at[i])
+        if not faults.attempt_failed(started, now):
+            self._in_flight[i] = None                  # the caller frees the sender
+            self._num_failed.pop(i, None)
+            return False
+        failed = self._num_failed[i] = self._num_failed.get(i, 0) + 1
+        if faults.may_retry(failed):
+            timer = self.env.timeout(faults.backoff_s)
+            timer.callbacks.append(lambda _ev: self._retry(transfer))
+            return True
+        del self._num_failed[i], self._in_flight[i]
+        self.ledger.fail(i, Status.FAILED_TRANSFER, now)
+        source.release(i)
+        self.memory.release(i)
+        self.num_assigned -= 1
+        if self.pending:
+            self._pull()
+        return True
+
+    def _retry(self, transfer: tuple) -> None:
+        if self.lost:
+            return
+        i, source, cost = transfer
+        self._attempt_at[i] = self.env.now
+        self.link.start(cost.before_s, cost.wire_bytes, self._arrived, transfer,
+                        getattr(source, "host", None), getattr(cost, "source_host_s", 0.0))
+
+    def lose(self) -> None:
+        """The instance is lost now: every request it holds fails, and those still waiting
+        for their pull fail too or go elsewhere (``[faults] on_instance_loss``)."""
+        now, ledger, lost = self.env.now, self.ledger, Status.FAILED_INSTANCE_LOST
+        self.lost = True
+        if self._plan is not None:
+            self.busy_time += min(now, self._end) - self._plan[0]
+        self._plan = self._timer = None
+        reroute = self.reroute if self.faults.config.on_instance_loss == "reroute" else None
+        for i, source in self.pending:
+            if source is not None and reroute is not None:
+                reroute(i, source)
+                continue
+            ledger.fail(i, lost, now)
+            if source is not None:
+                source.release(i)
+        for i, source in self._in_flight.items():
+            ledger.fail(i, lost, now)
+            if source is not None:                   # its bytes had not all landed
+                source.release(i)
+        for i in [i for i, _ in self._restoring] + list(self.waiting) + [
+                i for _, i in self.running]:
+            ledger.fail(i, lost, now)
+        memory = self.memory
+        for i in list(memory.held if hasattr(memory, "held") else memory.blocks):
+            memory.release(i)
+        self.pending.clear(), self._in_flight.clear(), self._restoring.clear()
+        self.waiting.clear(), self.running.clear()
+        self.num_assigned = 0
 
     # -- on-demand blocks and preemption (policies.admission) ----------------------------
     def _reservation(self, i: int) -> int | None:

@@ -41,6 +41,7 @@ FAILURE_REASONS = {
     "rejected_prompt_too_long": "prompt over the batch token budget or the model's context",
     "failed_out_of_memory": "decode side could not allocate the receive buffer",
     "failed_transfer": "KV transfer failed",
+    "failed_instance_lost": "the instance holding it was lost",
     "failed_timeout": "did not finish within its deadline",
     "failed_error": "backend or endpoint error",
     "failed_truncated": "stream ended early",

@@ -60,8 +60,11 @@ class Status(str, enum.Enum):
     REJECTED_PROMPT_TOO_LONG = "rejected_prompt_too_long"
     #: the decode side could not allocate its receive buffer (e.g. NPU channel out of memory)
     FAILED_OUT_OF_MEMORY = "failed_out_of_memory"
-    #: the KV transfer failed (dead peer, corrupted data, bad descriptor)
+    #: the KV transfer failed (dead peer, corrupted data, bad descriptor; in the simulator:
+    #: every retry failed too, ``[faults]``)
     FAILED_TRANSFER = "failed_transfer"
+    #: the instance holding the request was lost (simulator ``[faults] instance_loss``)
+    FAILED_INSTANCE_LOST = "failed_instance_lost"
     #: the request did not finish within its deadline (real mode, replay)
     FAILED_TIMEOUT = "failed_timeout"
     #: any other error reported by a backend or endpoint

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from traces.schema import Status
+
 #: keeps the fault draws apart from any other stream derived from the run's seed
 FAULT_STREAM = 0xFA017
 
@@ -57,3 +59,72 @@ class Faults:
     @property
     def backoff_s(self) -> float:
         return self.config.retry_backoff_s
+
+
+class DecodeFaults:
+    """The decode instance's side of faults (``sim.decode.DecodeInstance`` mixes it in): what
+    a failed attempt and a lost instance do to its requests and memory."""
+
+    def _transfer_fault(self, transfer: tuple) -> bool:
+        """The attempt of ``transfer`` has completed: True when it failed (it is retried after
+        the backoff, or the request fails) or the instance was lost meanwhile."""
+        i, source, cost = transfer
+        if self.lost:
+            return True
+        now, faults = self.env.now, self.faults
+        started = self._attempt_at.pop(i, self.ledger.transfer_start_at[i])
+        if not faults.attempt_failed(started, now):
+            self._in_flight[i] = None                  # the caller frees the sender
+            self._num_failed.pop(i, None)
+            return False
+        failed = self._num_failed[i] = self._num_failed.get(i, 0) + 1
+        if faults.may_retry(failed):
+            timer = self.env.timeout(faults.backoff_s)
+            timer.callbacks.append(lambda _ev: self._retry(transfer))
+            return True
+        del self._num_failed[i], self._in_flight[i]
+        self.ledger.fail(i, Status.FAILED_TRANSFER, now)
+        source.release(i)
+        self.memory.release(i)
+        self.num_assigned -= 1
+        if self.pending:
+            self._pull()
+        return True
+
+    def _retry(self, transfer: tuple) -> None:
+        if self.lost:
+            return
+        i, source, cost = transfer
+        self._attempt_at[i] = self.env.now
+        self.link.start(cost.before_s, cost.wire_bytes, self._arrived, transfer,
+                        getattr(source, "host", None), getattr(cost, "source_host_s", 0.0))
+
+    def lose(self) -> None:
+        """The instance is lost now: every request it holds fails, and those still waiting
+        for their pull fail too or go elsewhere (``[faults] on_instance_loss``)."""
+        now, ledger, lost = self.env.now, self.ledger, Status.FAILED_INSTANCE_LOST
+        self.lost = True
+        if self._plan is not None:
+            self.busy_time += min(now, self._end) - self._plan[0]
+        self._plan = self._timer = None
+        reroute = self.reroute if self.faults.config.on_instance_loss == "reroute" else None
+        for i, source in self.pending:
+            if source is not None and reroute is not None:
+                reroute(i, source)
+                continue
+            ledger.fail(i, lost, now)
+            if source is not None:
+                source.release(i)
+        for i, source in self._in_flight.items():
+            ledger.fail(i, lost, now)
+            if source is not None:                   # its bytes had not all landed
+                source.release(i)
+        for i in [i for i, _ in self._restoring] + list(self.waiting) + [
+                i for _, i in self.running]:
+            ledger.fail(i, lost, now)
+        memory = self.memory
+        for i in list(memory.held if hasattr(memory, "held") else memory.blocks):
+            memory.release(i)
+        self.pending.clear(), self._in_flight.clear(), self._restoring.clear()
+        self.waiting.clear(), self.running.clear()
+        self.num_assigned = 0

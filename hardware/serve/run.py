@@ -149,6 +149,17 @@ def _progress(cluster: LocalCluster, total: int, stop: threading.Event) -> None:
                 return
 
 
+def _run(make_coro):
+    """``asyncio.run`` here, or on a thread of its own inside a running loop (a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coro())
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make_coro())).result()
+
+
 def real_run(trace: Trace, config: RealRunConfig, out: Path | None = None) -> dict:
     """Run ``trace`` on a fresh local cluster; returns the summary (and writes it to ``out``)."""
     import aiohttp  # noqa: F401  (imported before the replay's clock starts)
@@ -179,7 +190,7 @@ def real_run(trace: Trace, config: RealRunConfig, out: Path | None = None) -> di
                 await replay_async(trace, replay_config)
         start_wall = time.time()
         try:
-            t0, result = asyncio.run(go())
+            t0, result = _run(go)
         except KeyboardInterrupt:
             interrupted, t0 = True, start_wall + replay_config.start_delay_s
         stop.set()

@@ -168,6 +168,12 @@ class Puller:
         while True:
             msg = self.todo.get()
             rid, sink = msg["rid"], self.engine.sink
+            if sink.blocks_needed(rid) > sink.pool.num_blocks:
+                sink.free(rid)
+                self.link.send({"ev": "failed", "rid": rid, "status": "rejected_decode_capacity",
+                                "error": f"needs {sink.blocks_needed(rid)} KV blocks; the decode "
+                                         f"cache has {sink.pool.num_blocks}"})
+                continue
             while rid not in self.dropped and sink.pool.num_free < sink.blocks_needed(rid):
                 time.sleep(RETRY_S)                    # decode cache full: wait for finishes
             if rid in self.dropped:
@@ -186,6 +192,9 @@ class Puller:
                                 "error": f"{type(e).__name__}: {e}"[:300]})
                 continue
             end = time.time()
+            if rid in self.dropped:                    # failed meanwhile: nothing to decode
+                sink.free(rid)
+                continue
             self.link.send({"ev": "transferred", "rid": rid, "transfer_start_at": start,
                             "transfer_end_at": end, "kv_bytes": result.nbytes})
             self.landed.put(Sequence(rid, msg["prompt_len"], msg["first_token"],
@@ -232,7 +241,11 @@ def run_decode(args, token: str) -> None:
                                "running": len(engine.running) + len(engine.waiting)})
                 msg = link.inbox.get_nowait() if not link.inbox.empty() else None
             while not puller.landed.empty():
-                engine.landed(puller.landed.get())
+                seq = puller.landed.get()
+                if seq.request_id in puller.dropped:
+                    engine.sink.free(seq.request_id)
+                else:
+                    engine.landed(seq)
             if engine.running or engine.waiting:
                 items, finished = engine.step()
                 link.send({"ev": "tokens", "at": time.time(), "items": items,

@@ -3,7 +3,7 @@
 The sweep is the paper's six configurations (``sim.paper.CONFIGS``) x its two workloads x 19
 rates (evenly spaced over each workload's swept range in the ``paper`` profile) x 3 seeds =
 684 simulations of the profile's request count each. It runs once per worker count (a process
-pool, or Ray with ``--ray``), checks that every run gives the same summaries, and reports wall
+pool, or Ray with ``--ray``; a local Ray cluster's start-up is timed with its run), checks that every run gives the same summaries, and reports wall
 time and speed-up over the first worker count:
 
     python -m sim.sweep_bench --workers 1,2 [--ray [ADDRESS]] [--json]
@@ -50,6 +50,10 @@ def run(workers=(1, 2), ray_address: str | None = None, num_rates: int = NUM_RAT
         points = run_parallel(_run_point, jobs, count, progress, ray_address,
                               desc=f"{count} worker(s)")
         wall = time.perf_counter() - wall
+        if ray_address == "local":          # the next count starts its own local cluster
+            import ray
+
+            ray.shutdown()
         same = [dumps({k: v for k, v in p.summary.items() if k != "sim_wall_time_s"})
                 for p in points]
         reference = reference or same

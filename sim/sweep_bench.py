@@ -3,8 +3,8 @@
 The sweep is the paper's six configurations (``sim.paper.CONFIGS``) x its two workloads x 19
 rates (evenly spaced over each workload's swept range in the ``paper`` profile) x 3 seeds =
 684 simulations of the profile's request count each. It runs once per worker count (a process
-pool, or Ray with ``--ray``; a local Ray cluster's start-up is timed with its run), checks that every run gives the same summaries, and reports wall
-time and speed-up over the first worker count:
+pool, or Ray with ``--ray``; a local Ray cluster's start-up is timed with its run), checks that
+every run gives the same summaries, and reports wall time and speed-up over the first count:
 
     python -m sim.sweep_bench --workers 1,2 [--ray [ADDRESS]] [--json]
 """

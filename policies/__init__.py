@@ -54,16 +54,23 @@ def names(kind: str) -> list[str]:
 
 def resolve(kind: str, name: str):
     """The policy ``name`` of ``kind``: a key of its dict, or ``module:function``."""
+    if isinstance(name, str) and ":" in name:
+        return _load(kind, name)
+    return table(kind)[canonical(kind, name)]
+
+
+def canonical(kind: str, name: str) -> str:
+    """The dict key ``name`` stands for (``-`` and ``_`` alike), or an import path as given."""
     if not isinstance(name, str) or not name:
         raise PolicyError(f"{kind} policy must be a name, got {name!r}")
     if ":" in name:
-        return _load(kind, name)
+        return name
     policies = table(kind)
-    key = name.replace("-", "_")
-    if key not in policies:
-        raise PolicyError(f"{kind} policy {name!r} is not one of {sorted(policies)} "
-                          f"(or give module:function)")
-    return policies[key]
+    for key in (name, name.replace("-", "_"), name.replace("_", "-")):
+        if key in policies:
+            return key
+    raise PolicyError(f"{kind} policy {name!r} is not one of {sorted(policies)} "
+                      f"(or give module:function)")
 
 
 def _load(kind: str, path: str):

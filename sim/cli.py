@@ -61,13 +61,13 @@ POLICY_KEYS = {"routing": "cluster.routing", "decode_routing": "cluster.decode_r
 
 def policy_changes(assignments: list[str]) -> dict:
     """Config changes of ``--policy`` flags, each name checked against its kind."""
-    from policies import parse_assignment, resolve
+    from policies import canonical, parse_assignment, resolve
 
     changes = {}
     for text in assignments:
         kind, name = parse_assignment(text)
         resolve(kind, name)
-        changes[POLICY_KEYS[kind]] = name
+        changes[POLICY_KEYS[kind]] = canonical(kind, name)
     return changes
 
 

@@ -187,3 +187,19 @@ def test_fair_sharing_shields_the_quiet_customers_from_a_burst():
         waits[fairness] = (wait[quiet].mean(), wait[~quiet].mean())
     assert waits["weighted_fair"][0] < waits["fcfs"][0]      # quiet customers wait less
     assert waits["weighted_fair"][1] > waits["fcfs"][1]      # the burst pays for it
+
+
+def test_policy_flags_set_the_config_under_each_kinds_own_names(capsys):
+    import json
+
+    from sim.cli import main
+
+    assert main(["simulate", "--show-config", "--json", "--policy", "routing=least-work",
+                 "--policy", "prefill_batching=chunked", "--policy",
+                 "admission=reserve_max"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["cluster.routing"] == {"value": "least_work", "source": "user"}
+    assert shown["cluster.policies.prefill_batching"]["value"] == "chunked"
+    assert shown["cluster.decode.admission"]["value"] == "reserve-max"   # its dict's key
+    assert main(["simulate", "--policy", "routing=random"]) == 2
+    assert "routing policy 'random' is not one of" in capsys.readouterr().err

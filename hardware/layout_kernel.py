@@ -5,7 +5,9 @@ GPU blocks (``TileGather.sources``) and writes its send row once, tilized and pa
 bfloat16 / float32 values as they are, or bfloat8_b / bfloat4_b with the integer recipe of
 ``hardware.tiles.bfp_encode``, so it is byte-exact with the eager torch path. Where the CPU has
 AVX-512 (F, BW, VL), block floats from bfloat16 are packed with it, one tile row per vector
-register; a portable path packs them otherwise (and, for tests, on request). It is compiled
+register, the pages of a TT block side by side; a portable path packs them otherwise (and, for
+tests, on request). Pages are split over torch's intra-op threads (``torch.set_num_threads``;
+each page fills its own send row, so the bytes never depend on the split). It is compiled
 with ``torch.utils.cpp_extension.load`` the first time a CPU transformation asks for it (a few
 seconds; cached in torch's extension directory, ``~/.cache/torch_extensions`` unless
 ``TORCH_EXTENSIONS_DIR`` says otherwise) and registered as ``torch.ops.hawk_layout``.

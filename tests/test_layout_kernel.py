@@ -128,6 +128,35 @@ def test_kernel_fills_a_given_send_buffer(kernel):
         assert torch.equal(region[1:], want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_bytes_do_not_depend_on_the_number_of_threads(kernel, dtype):
+    # 1000 tokens, 2 heads of 128: 512 pages a layer, split over the threads where torch has two
+    rng = np.random.default_rng(11)
+    req = make_transfer(rng, 1000, 2, 128, 16, "NHD", 32, dtype, 7,
+                        gpu_dtype=CACHE_DTYPES[dtype][0])
+    layers = special_layers(req, rng)
+    eager = transform.hawk_transform(layers, req, kernel=False)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(transform.hawk_transform(layers, req, kernel=True), eager), n
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_kernel_refuses_a_send_row_given_to_two_pages(kernel):
+    req = make_transfer(np.random.default_rng(12), 64, 1, 64, 16, "NHD", 32, "bfloat8_b", 3)
+    gather = transform.prepare(req)
+    send_rows = torch.from_numpy(gather.tiles.send_rows.copy())
+    send_rows[1] = send_rows[0]
+    rows = torch.zeros(send_rows.numel(), gather.stride, dtype=torch.uint8)
+    layer = transform.make_gpu_cache(req.gpu)[0]
+    with pytest.raises(RuntimeError, match=f"send row {int(send_rows[0])} is given to two pages"):
+        layout_kernel.pack_layer(layer, torch.from_numpy(gather.tiles.sources), send_rows,
+                                 rows[:, :req.tt.page_bytes], req.tt.dtype)
+
+
 def pack_pages(layers, req, offset, portable):
     """The kernel's send rows of each layer, built at ``offset`` bytes past a 64-byte aligned
     buffer full of 0xAB (offset 1: no streamed stores), as [layers, pages, stride] bytes."""

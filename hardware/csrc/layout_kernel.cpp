@@ -14,6 +14,7 @@
 // sources [n, 32] (int64): element offset in the layer of each page's tile rows, or -1 for
 // tile padding (tokens past the request), which reads as zeros; send_rows [n]: the row of
 // ``out`` each page fills.
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
@@ -27,11 +28,14 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
 constexpr int TILE = 32, FACE = 16, GROUPS = 64;
 constexpr int64_t AHEAD = 16;       // pages asked for ahead (two TT blocks of 8 pages)
+constexpr int PAGE_GROUP = 8;       // bfloat16 block floats: pages built together (a TT block)
+constexpr int64_t GRAIN = 256;      // pages one thread takes at least
 
 // float32 bit pattern of a source element (bfloat16 and float16 widen exactly).
 inline uint32_t f32_bits(uint16_t bf16) { return uint32_t(bf16) << 16; }
@@ -43,12 +47,13 @@ inline uint32_t f32_bits(c10::Half h) {
 }
 inline uint32_t f32_bits(uint32_t f32) { return f32; }
 
-// Ask for tile row r of the page ``ahead`` (32 elements: one or two 64-byte lines).
-template <typename T>
+// Ask for tile row r of the page ``ahead`` (32 elements: one or two 64-byte lines), into
+// every cache level (LEVEL 3) or into L2 and below (LEVEL 2: sixteen pages ahead fill the L1).
+template <int LEVEL = 3, typename T>
 inline void prefetch_row(const T* layer, const int64_t* ahead, int r) {
   if (ahead && ahead[r] >= 0) {
-    __builtin_prefetch(layer + ahead[r]);
-    if (sizeof(T) * TILE > 64) __builtin_prefetch(layer + ahead[r] + TILE - 1);
+    __builtin_prefetch(layer + ahead[r], 0, LEVEL);
+    if (sizeof(T) * TILE > 64) __builtin_prefetch(layer + ahead[r] + TILE - 1, 0, LEVEL);
   }
 }
 
@@ -116,8 +121,9 @@ inline void store_line(uint8_t* to, __m512i line) {
 // put at the top of a 16-bit lane (Y = 1.mmmmmmm << 8), Y >> (E - exp) keeps all its bits
 // whenever the code can be non-zero (E - exp <= 7) and is below half otherwise, so rounding
 // from 16 bits (dropping 16 - MAG) gives the 24-bit recipe's codes. The sum before the drop
-// saturates at 0xFFFF only where the code saturates anyway. Branch-free: four butterfly steps
-// leave each half's maximum exponent E in all its lanes; srlv gives 0 for shifts of 16 or more.
+// saturates at 0xFFFF only where the code saturates anyway, and 0xFFFF >> (16 - MAG) is the
+// largest code, so no clamp is needed. Branch-free: four butterfly steps leave each half's
+// maximum exponent E in all its lanes; srlv gives 0 for shifts of 16 or more.
 template <int MAG>
 inline __m512i encode_row(__m512i x, __m512i* shared) {
   constexpr int drop = 16 - MAG;
@@ -130,85 +136,96 @@ inline __m512i encode_row(__m512i x, __m512i* shared) {
   const __m512i y = _mm512_or_si512(_mm512_slli_epi16(x, 8), _mm512_set1_epi16(0x8000));
   const __m512i aligned = _mm512_maskz_srlv_epi16(_mm512_test_epi16_mask(exp, exp), y,
                                                   _mm512_sub_epi16(e, exp));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(aligned, drop), _mm512_set1_epi16(1));
-  const __m512i up = _mm512_add_epi16(odd, _mm512_set1_epi16((1 << (drop - 1)) - 1));
-  const __m512i q = _mm512_min_epu16(_mm512_srli_epi16(_mm512_adds_epu16(aligned, up), drop),
-                                     _mm512_set1_epi16((1 << MAG) - 1));
+  // half to even: add half - 1, or half where the bit kept last is odd
+  const __mmask32 odd = _mm512_test_epi16_mask(aligned, _mm512_set1_epi16(1 << drop));
+  const __m512i up = _mm512_mask_blend_epi16(odd, _mm512_set1_epi16((1 << (drop - 1)) - 1),
+                                             _mm512_set1_epi16(1 << (drop - 1)));
+  const __m512i q = _mm512_srli_epi16(_mm512_adds_epu16(aligned, up), drop);
   // q | sign << MAG (ternary logic A | (B & C): 0xF8), then 0 where q is 0
   const __m512i code = _mm512_ternarylogic_epi32(q, _mm512_srli_epi16(x, 15 - MAG),
                                                  _mm512_set1_epi16(1 << MAG), 0xF8);
   return _mm512_maskz_mov_epi16(_mm512_test_epi16_mask(q, q), code);
 }
 
-// One bfloat16 tile into ``page``, each 64-byte line written once (STREAM: non-temporal
-// stores, which skip reading the far-apart send rows' lines first; ``page`` 64-byte aligned).
-// Tile rows r .. r + 7 of one half (faces 2h, 2h + 1) make two lines of codes in each face
-// (bfloat8_b: 4 groups of 16 bytes a line) or one (bfloat4_b: 8 groups of 8 bytes). The
-// shared exponents are kept in one lane per face row and written last, as the page's first
-// line.
+// Tile rows h * 16 + r0 .. + 7 of one bfloat16 tile into ``page``, each 64-byte line of codes
+// written once (STREAM: non-temporal stores, which skip reading the far-apart send rows' lines
+// first; ``page`` 64-byte aligned). The eight rows make two lines of codes in each of faces
+// 2h and 2h + 1 (bfloat8_b: 4 groups of 16 bytes a line) or one (bfloat4_b: 8 groups of 8
+// bytes). Their shared exponents go into ``exps`` (lane i: face 2h row i, 16 + i: face 2h + 1).
 template <int MAG, bool STREAM>
-void pack_tile_vector(const uint16_t* layer, const int64_t* rows, uint8_t* page,
-                      const int64_t* ahead) {
+inline void pack_rows_vector(const uint16_t* layer, const int64_t* rows, uint8_t* page,
+                             const int64_t* ahead, int h, int r0, __m512i& exps) {
   constexpr int GROUP_BYTES = FACE * (MAG + 1) / 8;
   static const uint16_t zeros[TILE] = {};
   const __m512i nibbles = _mm512_set1_epi32(0xFF);
-  __m512i exps[2];                      // per half: lane i face 2h row i, 16 + i face 2h + 1
-  for (int h = 0; h < 2; ++h) {
-    __m512i acc = _mm512_setzero_si512();
-    for (int r0 = 0; r0 < FACE; r0 += 8) {
-      __m512i c[8], e;
-      for (int i = 0; i < 8; ++i) {
-        prefetch_row(layer, ahead, h * FACE + r0 + i);
-        const int64_t src = rows[h * FACE + r0 + i];
-        c[i] = encode_row<MAG>(_mm512_loadu_si512(src < 0 ? zeros : layer + src), &e);
-        acc = _mm512_mask_mov_epi16(acc, __mmask32(0x10001u << (r0 + i)), e);
-        if constexpr (MAG == 3)     // 16-bit codes (2m, 2m + 1) -> one byte in a 32-bit lane
-          c[i] = _mm512_ternarylogic_epi32(c[i], _mm512_srli_epi32(c[i], 12), nibbles, 0xA8);
-      }
-      const int g = 2 * h * FACE + r0;                    // face 2h; face 2h + 1 is 16 on
-      if constexpr (MAG == 7) {  // qword 2L (2L + 1) of a pack: row 2k (2k + 1), chunk L
-        for (int k = 0; k < 8; k += 4) {
-          const __m512i a = _mm512_packus_epi16(c[k], c[k + 1]);
-          const __m512i b = _mm512_packus_epi16(c[k + 2], c[k + 3]);
-          const __m512i lo = _mm512_setr_epi64(0, 2, 1, 3, 8, 10, 9, 11);
-          const __m512i hi = _mm512_add_epi64(lo, _mm512_set1_epi64(4));
-          store_line<STREAM>(page + GROUPS + (g + k) * GROUP_BYTES,
-                             _mm512_permutex2var_epi64(a, lo, b));
-          store_line<STREAM>(page + GROUPS + (g + FACE + k) * GROUP_BYTES,
-                             _mm512_permutex2var_epi64(a, hi, b));
-        }
-      } else {                   // dword 4L + k of a pack: row k, bytes 4L .. 4L + 3
-        const __m512i a = pack4(c[0], c[1], c[2], c[3]), b = pack4(c[4], c[5], c[6], c[7]);
-        const __m512i lo = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7,
-                                             16, 20, 17, 21, 18, 22, 19, 23);
-        const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
-        store_line<STREAM>(page + GROUPS + g * GROUP_BYTES, _mm512_permutex2var_epi32(a, lo, b));
-        store_line<STREAM>(page + GROUPS + (g + FACE) * GROUP_BYTES,
-                           _mm512_permutex2var_epi32(a, hi, b));
-      }
+  __m512i c[8], e;
+  for (int i = 0; i < 8; ++i) {
+    prefetch_row<2>(layer, ahead, h * FACE + r0 + i);
+    const int64_t src = rows[h * FACE + r0 + i];
+    c[i] = encode_row<MAG>(_mm512_loadu_si512(src < 0 ? zeros : layer + src), &e);
+    exps = _mm512_mask_mov_epi16(exps, __mmask32(0x10001u << (r0 + i)), e);
+    if constexpr (MAG == 3)     // 16-bit codes (2m, 2m + 1) -> one byte in a 32-bit lane
+      c[i] = _mm512_ternarylogic_epi32(c[i], _mm512_srli_epi32(c[i], 12), nibbles, 0xA8);
+  }
+  const int g = 2 * h * FACE + r0;                        // face 2h; face 2h + 1 is 16 on
+  if constexpr (MAG == 7) {      // qword 2L (2L + 1) of a pack: row 2k (2k + 1), chunk L
+    for (int k = 0; k < 8; k += 4) {
+      const __m512i a = _mm512_packus_epi16(c[k], c[k + 1]);
+      const __m512i b = _mm512_packus_epi16(c[k + 2], c[k + 3]);
+      const __m512i lo = _mm512_setr_epi64(0, 2, 1, 3, 8, 10, 9, 11);
+      const __m512i hi = _mm512_add_epi64(lo, _mm512_set1_epi64(4));
+      store_line<STREAM>(page + GROUPS + (g + k) * GROUP_BYTES,
+                         _mm512_permutex2var_epi64(a, lo, b));
+      store_line<STREAM>(page + GROUPS + (g + FACE + k) * GROUP_BYTES,
+                         _mm512_permutex2var_epi64(a, hi, b));
     }
-    exps[h] = acc;
+  } else {                       // dword 4L + k of a pack: row k, bytes 4L .. 4L + 3
+    const __m512i a = pack4(c[0], c[1], c[2], c[3]), b = pack4(c[4], c[5], c[6], c[7]);
+    const __m512i lo = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7,
+                                         16, 20, 17, 21, 18, 22, 19, 23);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    store_line<STREAM>(page + GROUPS + g * GROUP_BYTES, _mm512_permutex2var_epi32(a, lo, b));
+    store_line<STREAM>(page + GROUPS + (g + FACE) * GROUP_BYTES,
+                       _mm512_permutex2var_epi32(a, hi, b));
   }
-  store_line<STREAM>(page, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-                                                    _mm512_packus_epi16(exps[0], exps[1])));
 }
-#endif
 
-// One tile of block floats into ``page``: from bfloat16 with AVX-512 (VECTOR) line by line,
-// streamed where ``page`` is 64-byte aligned; else (float16, float32 too) group by group.
-template <int MAG, bool VECTOR, typename T>
-void pack_tile(const T* layer, const int64_t* rows, uint8_t* page, const int64_t* ahead) {
-#if defined(HAWK_AVX512)
-  if constexpr (VECTOR && std::is_same_v<T, uint16_t>) {
-    if (reinterpret_cast<uintptr_t>(page) % 64 == 0)
-      pack_tile_vector<MAG, true>(layer, rows, page, ahead);
-    else
-      pack_tile_vector<MAG, false>(layer, rows, page, ahead);
-    return;
-  }
-#endif
-  pack_tile_scalar<MAG>(layer, rows, page, ahead);
+// Up to PAGE_GROUP bfloat16 tiles (``rows``: theirs, one after another) into ``pages``, eight
+// tile rows of each in turn: consecutive pages of a TT block are the same 32 tokens' rows side
+// by side, so the loads walk each GPU block forward (a few KB at a time) instead of striding
+// over it once per page. The shared exponents are written last, as each page's first line.
+// ``ahead``: the tile rows of the pages PAGE_GROUP... on (null: none), asked for into L2.
+template <int MAG, bool STREAM>
+void pack_group_vector(const uint16_t* layer, const int64_t* rows, uint8_t* const* pages,
+                       int count, const int64_t* ahead) {
+  __m512i exps[PAGE_GROUP][2];
+  for (int j = 0; j < count; ++j) exps[j][0] = exps[j][1] = _mm512_setzero_si512();
+  for (int h = 0; h < 2; ++h)
+    for (int r0 = 0; r0 < FACE; r0 += 8)
+      for (int j = 0; j < count; ++j)
+        pack_rows_vector<MAG, STREAM>(layer, rows + j * TILE, pages[j],
+                                      ahead ? ahead + j * TILE : nullptr, h, r0, exps[j][h]);
+  const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+  for (int j = 0; j < count; ++j)
+    store_line<STREAM>(pages[j], _mm512_permutexvar_epi64(
+                                     order, _mm512_packus_epi16(exps[j][0], exps[j][1])));
 }
+
+// Pages [begin, end) of block floats from bfloat16, PAGE_GROUP at a time.
+template <int MAG, bool STREAM>
+void pack_pages_vector(const uint16_t* layer, const int64_t* rows, const int64_t* send_rows,
+                       uint8_t* out, int64_t begin, int64_t end, int64_t stride) {
+  uint8_t* pages[PAGE_GROUP];
+  for (int64_t p = begin; p < end; p += PAGE_GROUP) {
+    const int count = int(std::min<int64_t>(PAGE_GROUP, end - p));
+    for (int j = 0; j < count; ++j) pages[j] = out + send_rows[p + j] * stride;
+    pack_group_vector<MAG, STREAM>(layer, rows + p * TILE, pages, count,
+                                   p + AHEAD + count <= end ? rows + (p + AHEAD) * TILE
+                                                            : nullptr);
+  }
+  if constexpr (STREAM) _mm_sfence();     // the streamed stores, visible before returning
+}
+#endif
 
 // Copy one face row (16 elements, 32 or 64 bytes). STREAM: with non-temporal stores, which
 // skip reading the destination's cache lines first (``to`` must be 32-byte aligned).
@@ -245,36 +262,65 @@ void copy_tile(const T* layer, const int64_t* rows, uint8_t* page, const int64_t
   }
 }
 
-// Visit the pages in order; each tile function asks for the tile rows of the page AHEAD pages
-// on while it builds this one, one row per row it builds (``ahead``, null near the end): the
-// rows of a TT block are scattered over GPU blocks, so the hardware prefetcher alone leaves
-// the loads waiting on memory, and spread out the requests do not queue up behind each other.
+// Visit pages [begin, end) in order; each tile function asks for the tile rows of the page
+// AHEAD pages on while it builds this one, one row per row it builds (``ahead``, null near the
+// end): the rows of a TT block are scattered over GPU blocks, so the hardware prefetcher alone
+// leaves the loads waiting on memory, and spread out the requests do not queue up behind each
+// other.
 template <typename T, typename Tile>
 void each_page(const T* layer, const int64_t* rows, const int64_t* send_rows, uint8_t* out,
-               int64_t n, int64_t stride, Tile tile) {
-  for (int64_t p = 0; p < n; ++p)
+               int64_t begin, int64_t end, int64_t stride, Tile tile) {
+  for (int64_t p = begin; p < end; ++p)
     tile(layer, rows + p * TILE, out + send_rows[p] * stride,
-         p + AHEAD < n ? rows + (p + AHEAD) * TILE : nullptr);
+         p + AHEAD < end ? rows + (p + AHEAD) * TILE : nullptr);
 }
 
-template <typename T, bool VECTOR>
-void pack_all(const void* layer, const int64_t* rows, const int64_t* send_rows, uint8_t* out,
-              int64_t n, int64_t stride, int64_t mag_bits) {
-  const T* src = static_cast<const T*>(layer);
-  if (mag_bits == 7) each_page(src, rows, send_rows, out, n, stride,
-                               [](auto... a) { pack_tile<7, VECTOR, T>(a...); });
-  else each_page(src, rows, send_rows, out, n, stride,
-                 [](auto... a) { pack_tile<3, VECTOR, T>(a...); });
-#if defined(HAWK_AVX512)
-  if (VECTOR) _mm_sfence();                  // the streamed stores, visible before returning
+// Fills the send rows of pages [begin, end).
+using Range = void (*)(const void* layer, const int64_t* rows, const int64_t* send_rows,
+                       uint8_t* out, int64_t begin, int64_t end, int64_t stride);
+
+// Values as they are; STREAM: non-temporal stores (every send row 32-byte aligned).
+template <typename T, bool STREAM>
+void copy_range(const void* layer, const int64_t* rows, const int64_t* send_rows, uint8_t* out,
+                int64_t begin, int64_t end, int64_t stride) {
+  each_page(static_cast<const T*>(layer), rows, send_rows, out, begin, end, stride,
+            copy_tile<T, STREAM>);
+#if defined(__AVX__)
+  if constexpr (STREAM) _mm_sfence();      // the streamed stores, visible before returning
 #endif
 }
 
-// layer: the GPU layer (contiguous); sources: [n, 32] int64; send_rows: [n] int64; out:
-// uint8 [rows, >= tile bytes] with contiguous rows; mag_bits: 0 (values as they are), 7
-// (bfloat8_b) or 3 (bfloat4_b).
+// Block floats: from bfloat16 with AVX-512 (VECTOR) a group of pages at a time, streamed
+// where every send row is 64-byte aligned; else (float16, float32 too) page by page.
+template <int MAG, typename T, bool VECTOR>
+void pack_range(const void* layer, const int64_t* rows, const int64_t* send_rows, uint8_t* out,
+                int64_t begin, int64_t end, int64_t stride) {
+  const T* src = static_cast<const T*>(layer);
+#if defined(HAWK_AVX512)
+  if constexpr (VECTOR && std::is_same_v<T, uint16_t>) {
+    if (reinterpret_cast<uintptr_t>(out) % 64 == 0 && stride % 64 == 0)
+      pack_pages_vector<MAG, true>(src, rows, send_rows, out, begin, end, stride);
+    else
+      pack_pages_vector<MAG, false>(src, rows, send_rows, out, begin, end, stride);
+    return;
+  }
+#endif
+  each_page(src, rows, send_rows, out, begin, end, stride, pack_tile_scalar<MAG, T>);
+}
+
+template <typename T, bool VECTOR>
+Range block_float_range(int64_t mag_bits) {
+  return mag_bits == 7 ? pack_range<7, T, VECTOR> : pack_range<3, T, VECTOR>;
+}
+
+// layer: the GPU layer (contiguous); sources: [n, 32] int64; send_rows: [n] int64, each row
+// at most once; out: uint8 [rows, >= tile bytes] with contiguous rows; mag_bits: 0 (values
+// as they are), 7 (bfloat8_b) or 3 (bfloat4_b).
 // vector: the AVX-512 block-float path where built with it (pack_layer), else the portable
 // one (pack_layer_portable, which tests compare against it).
+// Pages are split over torch's intra-op threads (at::parallel_for, in PAGE_GROUP units of at
+// least GRAIN pages: in this thread where torch has one or the layer is small); no two pages
+// write the same send row, so the bytes do not depend on the split.
 void pack(const at::Tensor& layer, const at::Tensor& sources, const at::Tensor& send_rows,
           const at::Tensor& out, int64_t mag_bits, bool vector) {
   TORCH_CHECK(layer.is_cpu() && layer.is_contiguous(), "layer must be contiguous on the CPU");
@@ -295,36 +341,37 @@ void pack(const at::Tensor& layer, const at::Tensor& sources, const at::Tensor& 
   const int64_t last = layer.numel() - TILE;
   for (int64_t i = 0; i < n * TILE; ++i)
     TORCH_CHECK(rows[i] <= last, "source offset ", rows[i], " past the layer");
-  for (int64_t p = 0; p < n; ++p)
+  std::vector<uint8_t> filled(out.size(0), 0);
+  for (int64_t p = 0; p < n; ++p) {
     TORCH_CHECK(dest[p] >= 0 && dest[p] < out.size(0), "send row ", dest[p], " out of range");
+    TORCH_CHECK(!filled[dest[p]]++, "send row ", dest[p], " is given to two pages");
+  }
   uint8_t* dst = out.data_ptr<uint8_t>();
-  const void* src = layer.data_ptr();
+  Range range = nullptr;
   if (mag_bits == 0) {
     TORCH_CHECK(esize == 2 || esize == 4, "values of ", esize, " bytes");
-    const auto* u16 = static_cast<const uint16_t*>(src);
-    const auto* u32 = static_cast<const uint32_t*>(src);
+    range = esize == 2 ? copy_range<uint16_t, false> : copy_range<uint32_t, false>;
 #if defined(__AVX__)
-    if (reinterpret_cast<uintptr_t>(dst) % 32 == 0 && stride % 32 == 0) {   // streamed
-      if (esize == 2) each_page(u16, rows, dest, dst, n, stride, copy_tile<uint16_t, true>);
-      else each_page(u32, rows, dest, dst, n, stride, copy_tile<uint32_t, true>);
-      _mm_sfence();                          // the streamed stores, visible before returning
-      return;
-    }
+    if (reinterpret_cast<uintptr_t>(dst) % 32 == 0 && stride % 32 == 0)   // streamed
+      range = esize == 2 ? copy_range<uint16_t, true> : copy_range<uint32_t, true>;
 #endif
-    if (esize == 2) each_page(u16, rows, dest, dst, n, stride, copy_tile<uint16_t, false>);
-    else each_page(u32, rows, dest, dst, n, stride, copy_tile<uint32_t, false>);
-    return;
+  } else {
+    switch (layer.scalar_type()) {
+      case at::kBFloat16:
+        range = vector ? block_float_range<uint16_t, true>(mag_bits)
+                       : block_float_range<uint16_t, false>(mag_bits);
+        break;
+      case at::kHalf: range = block_float_range<c10::Half, false>(mag_bits); break;
+      case at::kFloat: range = block_float_range<uint32_t, false>(mag_bits); break;
+      default: TORCH_CHECK(false, "block floats from ", layer.scalar_type(), " are not supported");
+    }
   }
-  auto blocks = vector ? pack_all<uint16_t, true> : pack_all<uint16_t, false>;
-  switch (layer.scalar_type()) {
-    case at::kBFloat16: break;
-    case at::kHalf: blocks = vector ? pack_all<c10::Half, true> : pack_all<c10::Half, false>;
-      break;
-    case at::kFloat: blocks = vector ? pack_all<uint32_t, true> : pack_all<uint32_t, false>;
-      break;
-    default: TORCH_CHECK(false, "block floats from ", layer.scalar_type(), " are not supported");
-  }
-  blocks(src, rows, dest, dst, n, stride, mag_bits);
+  const void* src = layer.data_ptr();
+  at::parallel_for(0, (n + PAGE_GROUP - 1) / PAGE_GROUP, GRAIN / PAGE_GROUP,
+                   [&](int64_t begin, int64_t end) {
+                     range(src, rows, dest, dst, begin * PAGE_GROUP,
+                           std::min(end * PAGE_GROUP, n), stride);
+                   });
 }
 
 void pack_layer(const at::Tensor& layer, const at::Tensor& sources,

@@ -66,7 +66,7 @@ class Parameter:
 #: the paper profile's free parameters (starting points: physical priors, not earlier fits)
 PARAMETERS = (
     Parameter("transfer", "request_setup_s", 0.005, 1e-4, 0.05),
-    Parameter("transfer", "host_copy_gb_s", 8.0, 1.0, 20.0),
+    Parameter("transfer", "host_copy_gb_s", 8.0, 0.3, 20.0),
     Parameter("transfer", "host_relayout_fixed_s", 0.05, 1e-3, 0.5),
     Parameter("transfer", "host_relayout_gb_s", 1.2, 0.1, 10.0),
     Parameter("transfer", "rdma_read_gb_s", 10.0, 2.0, 22.5),

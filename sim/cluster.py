@@ -159,6 +159,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                                 fairness=make_fair(pol.tenant_weights, pol.priority_tenants)
                                 if make_fair else None)
                 for k in range(cl.prefill.num_instances)]
+    for p in prefills:           # a host-staged save blocks the prefill engine (sim.transfer)
+        p.save_time = getattr(pricing, "save_time", None)
     bar = None
     if progress and len(trace) >= 100_000:
         from tqdm import tqdm

@@ -48,6 +48,8 @@ class PrefillInstance:
         self._span = (0.0, 0.0)            # (start, end) of the latest batch
         self.source = None                # a router admitting arrivals lazily, or None
         self.host = HostQueue()           # this node's host CPU and PCIe root (staging copies)
+        self.save_time = None             # prompt -> s the engine spends saving its KV to host
+                                          # memory (host-staged mechanisms: wait_for_save)
         self.pick, self.fairness = pick, fairness   # None, None: FCFS fast path
         if pick is not None or fairness is not None:
             self.queue = []               # request indices in serving order
@@ -120,6 +122,8 @@ class PrefillInstance:
         for i in batch:
             start[i] = at
         duration = self.predictor.prefill_time(lens)
+        if self.save_time is not None:            # the batch ends when its KV is saved
+            duration += sum([self.save_time(n) for n in lens])
         self.busy_time += duration
         self._span = (at, at + duration)
         self.num_batches += 1
@@ -153,6 +157,8 @@ class PrefillInstance:
                 self.fairness.served(self._keys[k][0])
             del queue[k], self._keys[k], done[i]
         duration = self.predictor.prefill_time([n for _, n in picks])
+        if self.save_time is not None:            # finished prompts' KV saved to host memory
+            duration += sum([self.save_time(prompt[i]) for i in finished])
         self.busy_time += duration
         self._span = (at, at + duration)
         self.num_batches += 1

@@ -10,8 +10,11 @@ A mechanism is one of the transfer plans of ``hardware.plans`` plus the copies a
 - ``GN-Direct``: the raw tokens into one contiguous NPU buffer, then a re-layout on the NPU.
 - ``GN-PerPage``: tilized and packed on the GPU, then one write per tile page.
 
-``MechanismPricing.price(num_tokens)`` returns a ``TransferCost``: seconds before the bytes go
-on the NIC, bytes through the NIC, seconds after they land, and which of those seconds queue
+``MechanismPricing.price(num_tokens)`` returns a ``TransferCost``: seconds the prefill engine
+spends saving the KV for a host-staged mechanism (``save_s``: device-to-host copy and the copy
+into the network buffer; vLLM's KV connector API blocks the forward pass on them, its
+``wait_for_save``, so the prefill instance pays them before its next batch), seconds before the
+bytes go on the NIC, bytes through the NIC, seconds after they land, and which of those seconds queue
 on a node's host (``source_host_s``, ``dest_host_s``: the host CPU and the node's PCIe root are
 one FIFO server per node, ``sim.link.HostQueue``, so concurrent host-staged copies and host
 re-layouts wait for each other instead of overlapping for free), host CPU seconds that disturb
@@ -163,6 +166,7 @@ class TransferCost:
     num_writes: int      # writes (RDMA requests or host sends) over all devices
     source_host_s: float = 0.0   # the part of before_s that queues on the source node's host
     dest_host_s: float = 0.0     # the part of after_s that queues on the destination's host
+    save_s: float = 0.0          # paid by the prefill engine before its batch ends (host-staged)
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,11 @@ class MechanismPricing:
         self.model, self.prefill, self.decode, self.params = model, prefill, decode, params
         self._bank_bytes = int(params.single_buffer_bank_gb * GiB)
         self.price = lru_cache(maxsize=65536)(self._price)
+        #: prompt tokens -> seconds the prefill engine spends saving them (host-staged only)
+        self.save_time = self._save_time if self.mechanism.host_staged else None
+
+    def _save_time(self, num_tokens: int) -> float:
+        return self.price(num_tokens).save_s
 
     def counts(self, num_tokens: int) -> PlanCounts:
         return plan_counts(self.mechanism, self.model, self.prefill, self.decode, num_tokens,
@@ -256,11 +265,11 @@ class MechanismPricing:
         m, p, tp = self.mechanism, self.params, self.decode.tp
         c = self.counts(int(num_tokens))
         before = p.request_setup_s + c.num_writes * p.per_write_s
-        after = host = src_host = dst_host = 0.0
+        after = host = src_host = dst_host = 0.0   # src_host: none queue at pull time now
+        save = 0.0
         if m.host_staged:
-            src_host = p.host_copy_setup_s + c.token_bytes / (p.gpu_pcie_gb_s * GB)
-            src_host += tp * c.token_bytes / (p.host_copy_gb_s * GB)
-            before += src_host
+            save = p.host_copy_setup_s + c.token_bytes / (p.gpu_pcie_gb_s * GB)
+            save += tp * c.token_bytes / (p.host_copy_gb_s * GB)
             after = host = dst_host = self._host_after(c)
             if p.relayout_at == "npu" and m.destination == "npu":
                 dst_host -= self._npu_relayout(c)      # that part runs on the NPU
@@ -271,7 +280,7 @@ class MechanismPricing:
         elif m.layout == "npu_relayout":
             after = self._npu_relayout(c)
         return TransferCost(before, float(tp * c.wire_bytes), after, host, tp * c.num_writes,
-                            src_host, dst_host)
+                            src_host, dst_host, save)
 
     def _host_after(self, c: PlanCounts) -> float:
         """Destination host: copy out of the receive buffer, H2D, and the re-layout if any."""
@@ -297,10 +306,13 @@ class MechanismPricing:
 
 def isolated_latency(cost: TransferCost, nic_bandwidth_bytes_s: float) -> float:
     """One transfer alone on the link: from the decode side's request to the KV in its pool.
-    ``nic_bandwidth_bytes_s``: the mechanism's wire rate (``TransferParams.wire_gb_s``)."""
+    ``nic_bandwidth_bytes_s``: the mechanism's wire rate (``TransferParams.wire_gb_s``). A
+    host-staged mechanism's save (done by the prefill engine) counts: the KV is not in the
+    decode pool until it has been staged, sent and copied in."""
     if not nic_bandwidth_bytes_s > 0:
         raise ValueError(f"NIC bandwidth must be > 0 bytes/s, got {nic_bandwidth_bytes_s}")
-    return cost.before_s + cost.wire_bytes / nic_bandwidth_bytes_s + cost.after_s
+    return (cost.save_s + cost.before_s + cost.wire_bytes / nic_bandwidth_bytes_s
+            + cost.after_s)
 
 
 def host_slowdown(name: str, params: TransferParams) -> float:

@@ -104,7 +104,7 @@ def test_one_time_base_wire_rate_per_resource():
     for name in ("GG-Host", "GG-Direct"):
         slow_cost, fast_cost = _pricing(name, params).price(2000), _pricing(name, fast).price(2000)
         if MECHANISMS[name].host_staged:
-            assert fast_cost.before_s < slow_cost.before_s
+            assert fast_cost.save_s < slow_cost.save_s
         else:
             assert fast_cost == slow_cost
 
@@ -116,14 +116,14 @@ def test_time_scale_is_refused_by_name():
 
 @pytest.mark.parametrize("name", ["GG-Host", "GN-Host"])
 def test_host_staged_costs_name_their_host_seconds(name):
-    """The host-side parts (D2H + memcpy on the source host; copy, H2D and host re-layout on
-    the destination host) are inside before/after, and the direct mechanisms have none."""
+    """The host-side parts (D2H + memcpy saved by the prefill engine; copy, H2D and host
+    re-layout queued on the destination host) are named, and direct mechanisms have none."""
     cost = _pricing(name).price(1000)
-    assert 0 < cost.source_host_s <= cost.before_s
+    assert cost.save_s > 0
     assert 0 < cost.dest_host_s <= cost.after_s
     for direct in ("GG-Direct", "GN-HAWK"):
         c = _pricing(direct).price(1000)
-        assert c.source_host_s == c.dest_host_s == 0.0
+        assert c.save_s == c.source_host_s == c.dest_host_s == 0.0
 
 
 def test_bad_inputs_are_named():
@@ -141,25 +141,45 @@ def test_bad_inputs_are_named():
         TransferParams(rdma_read_gb_s=0.0)
 
 
-def test_concurrent_host_staged_transfers_queue_on_the_host():
-    """Two requests ready at once on one node pair: the second's host-side work waits behind
-    the first's (FIFO on each host), so its transfer ends at least one source-host time later
-    than the first's; a direct mechanism's second transfer only shares the NIC."""
+def test_host_staged_save_blocks_the_prefill_engine():
+    """vLLM's wait_for_save: a host-staged batch ends only when its KV is in host memory, so
+    its prefill lasts the predicted prefill plus the save; a direct mechanism's does not."""
+    from sim.cluster import make_predictor, simulate
+    from sim.paper import serving_config
+    from tests.builders import make_trace
+
+    trace = make_trace([0.0], [1500], [4])
+    took = {}
+    for name in ("GG-Host", "GG-Direct"):
+        config = serving_config(name)
+        r = simulate(config, trace).records.iloc[0]
+        took[name] = r.prefill_end_at - r.prefill_start_at
+    config = serving_config("GG-Host")
+    prefill = make_predictor(config, config.cluster.prefill).prefill_time([1500])
+    save = pricing_for(config).price(1500).save_s
+    assert save > 0 and pricing_for(serving_config("GG-Direct")).save_time is None
+    assert took["GG-Host"] == pytest.approx(prefill + save, rel=1e-12)
+    assert took["GG-Direct"] == pytest.approx(prefill, rel=1e-12)
+
+
+def test_concurrent_host_work_queues_on_the_decode_host():
+    """Two host-staged requests landing together on one decode node: the second's host-side
+    copy-in waits behind the first's (FIFO), so it lands at least one host time later."""
     from sim.cluster import simulate
     from sim.paper import serving_config
     from tests.builders import make_trace
 
     trace = make_trace([0.0, 0.0], [1500, 1500], [4, 4])
-    config = serving_config("GG-Host").replace(**{"cluster.prefill.max_batch_size": 2})
+    config = serving_config("GN-Host").replace(**{"cluster.prefill.max_batch_size": 2})
     recs = simulate(config, trace).records.sort_values("transfer_end_at")
     cost = pricing_for(config).price(1500)
     first, second = recs.iloc[0], recs.iloc[1]
     assert first.prefill_end_at == second.prefill_end_at            # one batch, same instant
-    assert second.transfer_end_at - first.transfer_end_at >= cost.source_host_s - 1e-9
+    assert second.transfer_end_at - first.transfer_end_at >= cost.dest_host_s - 1e-9
     # alone, a transfer takes exactly before + wire + after (nothing queued ahead of it)
     one = simulate(config, make_trace([0.0], [1500], [4])).records.iloc[0]
-    params = transfer_params("paper")
-    expected = isolated_latency(cost, params.wire_gb_s("GG-Host") * 1e9)
+    wire = transfer_params("paper").wire_gb_s("GN-Host") * 1e9
+    expected = isolated_latency(cost, wire) - cost.save_s
     latency = config.cluster.link.latency_s
     assert one.transfer_end_at - one.transfer_start_at == pytest.approx(expected + latency,
                                                                         rel=1e-9)

@@ -8,7 +8,9 @@ chosen by ``[cluster.decode] admission``):
   reserves the blocks of the context it lands with (prompt + the first token); a running
   request takes one more block each time its context crosses a block boundary. When a step
   cannot get the blocks it needs, the most recently admitted running request is preempted
-  (vLLM v1's ``schedule()``), and in a step that preempted nobody new joins the batch.
+  (vLLM v1's ``schedule()``), and in a step that preempted nobody new joins the batch. As
+  vLLM takes a waiting request only while fewer than ``max_num_seqs`` run, a decode instance
+  pulls (or restores) a request only while fewer than its batch size hold KV there.
   A preempted request goes to the head of the instance's queue and, once its whole context
   fits again, gets its KV cache back:
 

@@ -236,6 +236,8 @@ class DecodeInstance(DecodeFaults):
                                 self.max_tokens)
         kv = self._kv
         if kv is not None:
+            if self.num_assigned - len(self.pending) >= self.max_batch_size:
+                return None                   # no batch slot for it yet (vLLM's max_num_seqs)
             last = self.iteration + self._plan[3] - 1 if self._plan else self.iteration
             if not kv.fits(blocks_for(tokens, kv.block_size), last, self._step_now):
                 self.memory.num_waits += 1
@@ -381,7 +383,7 @@ class DecodeInstance(DecodeFaults):
                 self._context_base += context - it
                 heapq.heappush(running, (it + ledger.output[i] - context + prompt, i))
                 if kv is not None:
-                    kv.join(i, context - it)
+                    kv.join(i, context - it, it)
         if running:
             batch, factor = len(running), self._factor
             steps = running[0][0] - it if self.fast_forward else 1

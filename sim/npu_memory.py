@@ -246,11 +246,13 @@ class GrowingKV:
     """On-demand blocks of one decode instance's running requests, kept in closed form.
 
     Running requests advance in lockstep: request ``i`` holds KV for ``base[i] + t`` tokens in
-    step ``t`` of the instance, so it holds ``ceil((base[i] + t) / block_size)`` blocks then,
-    of which the pool reserved ``pool.held[i]`` at its pull; the rest is its growth, taken from
-    the pool's free blocks without a call per block (``policies.admission``). An upper bound
-    on the growth, ``(sum(base) + n (t + B - 1)) // B - reserved``, answers most questions in
-    O(1); the exact sum, O(batch), only where the bound does not settle them. ``base`` keeps
+    step ``t`` of the instance, so it holds ``ceil((base[i] + t) / B)`` blocks then (``B`` the
+    block size), of which the pool reserved ``pool.held[i]`` at its pull; the rest is its
+    growth, taken from the pool's free blocks without a call per block. Writing
+    ``base = B q + rho`` and ``t = B T + tau``, the sum over requests is
+    ``sum(q) + n T + #(rho + tau >= 1) + #(rho + tau > B)``: counts of the residues ``rho``
+    answer it in O(B) at C speed, for any step from the newest join on. An upper bound,
+    ``(sum(base) + n (t + B - 1)) // B``, settles most questions in O(1). ``base`` keeps
     admission order (the most recent is the one preempted).
     """
 
@@ -258,16 +260,26 @@ class GrowingKV:
         self.pool, self.block_size = pool, pool.block_size
         self.base: dict = {}          # request -> base (tokens at step t: base + t)
         self.sum_base = 0
+        self.sum_q = 0                # sum of base // B
+        self.residues = [0] * pool.block_size   # requests per base % B
         self.reserved = 0             # blocks the running requests reserved at their pull
+        self.newest = 0               # the step of the latest join
 
-    def join(self, request, base: int) -> None:
+    def join(self, request, base: int, t: int) -> None:
         self.base[request] = base
         self.sum_base += base
+        q, rho = divmod(base, self.block_size)
+        self.sum_q += q
+        self.residues[rho] += 1
         self.reserved += self.pool.held[request]
+        self.newest = t
 
     def leave(self, request) -> int:
         base = self.base.pop(request)
         self.sum_base -= base
+        q, rho = divmod(base, self.block_size)
+        self.sum_q -= q
+        self.residues[rho] -= 1
         self.reserved -= self.pool.held[request]
         return base
 
@@ -277,8 +289,14 @@ class GrowingKV:
 
     def growth(self, t: int) -> int:
         """Blocks held beyond the reservations in step ``t`` (exact)."""
-        b, held = self.block_size, self.pool.held
-        return sum(max(0, -(-(x + t) // b) - held[i]) for i, x in self.base.items())
+        b = self.block_size
+        if t < self.newest:                # before a request joined: it holds its reservation
+            held = self.pool.held
+            return sum(max(0, -(-(x + t) // b) - held[i]) for i, x in self.base.items())
+        n, (T, tau) = len(self.base), divmod(t, b)
+        at_least_one = n - (self.residues[0] if tau == 0 else 0)
+        return (self.sum_q + n * T + at_least_one + sum(self.residues[b - tau + 1:])
+                - self.reserved)
 
     def fits(self, need: int, t_last: int, step_now) -> bool:
         """Whether ``need`` more blocks can be reserved now without taking any that step
@@ -289,17 +307,23 @@ class GrowingKV:
         return need <= free - self.growth(step_now())
 
     def steps_fitting(self, t: int, max_steps: int) -> int:
-        """Steps t, t+1, ... (at most ``max_steps``) whose blocks fit (``steps_until_full``)."""
-        from policies.admission import steps_until_full
-
+        """Steps t, t+1, ... (at most ``max_steps``) whose blocks fit: request ``i`` takes a
+        block at step ``t + r_i + 1``, ``r_i = -(base_i + t) mod B``, then every ``B`` steps
+        (``policies.admission.steps_until_full``, by residue counts instead of a sort)."""
         free = self.pool.free_blocks
         if not self.base or self.growth_upper(t + max_steps - 1) <= free:
             return max_steps
         spare = free - self.growth(t)
         if spare < 0:
             return 0
-        return steps_until_full([x + t for x in self.base.values()], spare, self.block_size,
-                                max_steps)
+        b, residues = self.block_size, self.residues
+        rounds, rest = divmod(spare, len(self.base))
+        taken = 0
+        for r in range(b):                 # slack r, smallest first
+            taken += residues[(-r - t) % b]
+            if taken > rest:
+                return min(max_steps, rounds * b + r + 1)
+        raise AssertionError("residue counts do not add up to the batch")
 
     def make_room(self, t: int) -> list:
         """Requests to preempt, most recent first, so that step ``t`` gets its blocks; each

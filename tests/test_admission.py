@@ -58,21 +58,30 @@ def test_reservations_per_policy():
     assert pick_victim({5: 0, 2: 0, 9: 0}) == 9          # the most recently admitted
 
 
-@settings(max_examples=100, deadline=None)
-@given(contexts=st.lists(st.integers(1, 500), min_size=1, max_size=10),
-       spare=st.integers(0, 30), t=st.integers(0, 50), steps=st.integers(1, 200))
-def test_growing_kv_bound_and_fit_match_the_exact_sums(contexts, spare, t, steps):
-    block = 16
-    pool = BlockPool(10_000, block)
+@settings(max_examples=150, deadline=None)
+@given(joins=st.lists(st.tuples(st.integers(1, 500), st.integers(0, 40)), min_size=1,
+                      max_size=10),
+       spare=st.integers(0, 30), steps=st.integers(1, 200), block=st.sampled_from([1, 16, 32]))
+def test_growing_kv_matches_the_exact_sums(joins, spare, steps, block):
+    """Requests join at different steps with the context they land with; the closed forms
+    (upper bound, exact growth by residues, steps that fit) match summing block by block."""
+    joins = sorted(joins, key=lambda j: j[1])          # joins come in step order
+    t = joins[-1][1]
+    pool = BlockPool(100_000, block)
     kv = GrowingKV(pool)
-    for i, c in enumerate(contexts):               # joined at step t with context c
-        assert pool.try_reserve(i, c, 0) == "ok"
-        kv.join(i, c - t)
-    pool.free_blocks = spare                        # what is left for growth
-    for k in range(0, steps, 7):
-        exact = sum(blocks_for(c + k, block) - blocks_for(c, block) for c in contexts)
-        assert kv.growth(t + k) == exact <= kv.growth_upper(t + k)
-    assert kv.steps_fitting(t, steps) == brute_steps_until_full(contexts, spare, block, steps)
+    for i, (context, at) in enumerate(joins):
+        assert pool.try_reserve(i, context, 0) == "ok"
+        kv.join(i, context - at, at)
+    pool.free_blocks = spare                            # what is left for growth
+    contexts = [c + t - at for c, at in joins]          # in step t
+    held = [blocks_for(c, block) for c, _ in joins]
+    for k in range(-t, steps, 5):
+        exact = sum(max(0, blocks_for(c + t + k - at, block) - h)
+                    for (c, at), h in zip(joins, held))
+        assert kv.growth(t + k) == exact <= kv.growth_upper(max(t + k, t))
+    base = sum(blocks_for(c, block) - h for c, h in zip(contexts, held))
+    assert kv.steps_fitting(t, steps) == (
+        0 if base > spare else brute_steps_until_full(contexts, spare - base, block, steps))
 
 
 # -- configuration ---------------------------------------------------------------------

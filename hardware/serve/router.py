@@ -14,7 +14,7 @@ or not; greedy decoding of exactly ``max_tokens`` tokens. ``GET /v1/models``, ``
 A request goes to a prefill worker and a decode worker chosen by ``policies.routing`` over their
 outstanding tokens; the prefill worker's ``prefilled`` event sends it to the decode worker,
 which pulls the KV cache and streams the tokens back here. A worker whose control connection
-drops is dead: its in-flight requests fail (``failed_error``, "... worker N lost"), KV held for
+drops is dead: its in-flight requests fail (``failed_instance_lost``, "... worker N lost"), KV held for
 them elsewhere is dropped, and the others keep being served. A worker that starts again joins
 under a new index.
 """
@@ -37,6 +37,7 @@ from policies import resolve
 from policies.routing import ROUTING
 
 TOKEN_ENV = "HAWK_RUN_TOKEN"
+LOST = "failed_instance_lost"       # traces.schema.Status, as the simulator's faults name it
 MAX_FRAME = 64 << 20
 
 
@@ -153,7 +154,7 @@ class Router:
             mine = (r.prefill == w.index and r.stage == "prefill") if w.role == "prefill" \
                 else (r.decode == w.index and r.stage in ("transfer", "decode"))
             if mine and r.status == "unfinished":
-                self._fail(r, "failed_error", f"{w.role} worker {w.index} lost")
+                self._fail(r, LOST, f"{w.role} worker {w.index} lost")
         if w.role == "prefill":
             self._announce_peers()
 
@@ -191,7 +192,7 @@ class Router:
             d = self.workers["decode"].get(r.decode)
             if d is None or not d.alive:
                 write_frame(w.writer, {"op": "drop", "rid": r.rid})
-                self._fail(r, "failed_error", f"decode worker {r.decode} lost")
+                self._fail(r, LOST, f"decode worker {r.decode} lost")
                 return
             r.stage = "transfer"
             write_frame(d.writer, {"op": "decode", "rid": r.rid, "prefill": r.prefill,

@@ -3,8 +3,9 @@
 ``LocalCluster(...).start()`` starts the router, reads its endpoint, starts the prefill and
 decode workers pointed at its control port (all on loopback unless ``host`` says otherwise),
 waits until every worker has joined, and returns. Children run in their own sessions, so a
-Ctrl-C at the terminal reaches only this process, which then stops them. ``stop()`` ends every child it started (SIGINT,
-then SIGKILL after a grace period) and waits for it, so nothing outlives a run or a test.
+Ctrl-C at the terminal reaches only this process, which then stops them. ``stop()`` ends every
+child it started (SIGINT, then SIGKILL after a grace period) and waits for it, so nothing
+outlives a run or a test.
 ``kill_worker`` / ``start_worker`` are for fault drills. All share one fresh run token, passed in
 the environment (never on a command line).
 """

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from hardware.kv_layout import GpuKVSpec, TTKVSpec, blocks_for
+from hardware.kv_layout import TTKVSpec, blocks_for
 from hardware.model.cache import PagedKVCache
 from hardware.serve.kv_path import TILED, BlockPool, KVSink, KVSource
 from policies.batching import fcfs_decode_admit, fcfs_prefill_batch
@@ -145,5 +145,3 @@ class DecodeEngine:
         self.running = [s for s in self.running if s.request_id != request_id]
         self.sink.free(request_id)
 
-
-__all__ = ["PrefillEngine", "DecodeEngine", "Sequence", "PrefillJob", "GpuKVSpec"]

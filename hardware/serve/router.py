@@ -14,8 +14,8 @@ or not; greedy decoding of exactly ``max_tokens`` tokens. ``GET /v1/models``, ``
 A request goes to a prefill worker and a decode worker chosen by ``policies.routing`` over their
 outstanding tokens; the prefill worker's ``prefilled`` event sends it to the decode worker,
 which pulls the KV cache and streams the tokens back here. A worker whose control connection
-drops is dead: its in-flight requests fail (``failed_instance_lost``, "... worker N lost"), KV held for
-them elsewhere is dropped, and the others keep being served. A worker that starts again joins
+drops is dead: its in-flight requests fail (``failed_instance_lost``, "... worker N lost"),
+KV held for them elsewhere is dropped, and the others keep being served. A worker that starts again joins
 under a new index.
 """
 
@@ -282,93 +282,6 @@ class Router:
         return out
 
 
-def make_app(router: Router):
-    from aiohttp import web
-
-    async def completions(request, chat: bool):
-        try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise ValueError("the body must be a JSON object")
-            prompt, n = router.parse(body, chat)
-        except ValueError as e:
-            return web.json_response({"error": {"message": str(e), "type": "invalid_request"}},
-                                     status=400)
-        try:
-            r = router.submit(prompt, n)
-        except LookupError as e:
-            return web.json_response({"error": {"message": str(e), "type": "unavailable"}},
-                                     status=503)
-        kind = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(text, finish=None, usage=None) -> dict:
-            choice = {"index": 0, "finish_reason": finish}
-            choice.update({"delta": {"content": text}} if chat else {"text": text})
-            out = {"id": r.rid, "object": kind, "model": "hawk", "choices": [choice]}
-            if usage:
-                out["usage"] = usage
-            return out
-
-        usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": r.num_generated,  # noqa: E731
-                         "total_tokens": len(prompt) + r.num_generated}
-        if not body.get("stream"):
-            tokens = []
-            while True:
-                kind_, value = await r.events.get()
-                if kind_ == "token":
-                    tokens.append(value)
-                elif kind_ == "error":
-                    return web.json_response({"error": {"message": value, "type": r.status}},
-                                             status=500)
-                else:
-                    break
-            text = "".join(f" t{t}" for t in tokens)
-            return web.json_response({"id": r.rid, "object": kind.removesuffix(".chunk"),
-                                      "choices": [{"index": 0, "text": text, "token_ids": tokens,
-                                                   "finish_reason": "length"}],
-                                      "usage": usage()})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        try:
-            while True:
-                kind_, value = await r.events.get()
-                if kind_ == "token":
-                    data = chunk(f" t{value}")
-                    data["choices"][0]["token_ids"] = [value]
-                elif kind_ == "error":
-                    data = {"error": {"message": value, "type": r.status}}
-                else:
-                    data = chunk("", "length", usage())
-                await resp.write(f"data: {json.dumps(data)}\n\n".encode())
-                if kind_ != "token":
-                    break
-            await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionError, asyncio.CancelledError):
-            if r.status == "unfinished":
-                router._fail(r, "failed_error", "client went away")
-            raise
-        return resp
-
-    async def requests_log(request):
-        return web.json_response([router.record(r) for r in router.requests.values()])
-
-    async def workers(request):
-        return web.json_response(await router.worker_stats())
-
-    app = web.Application(client_max_size=MAX_FRAME)
-    app.router.add_post("/v1/completions", lambda req: completions(req, False))
-    app.router.add_post("/v1/chat/completions", lambda req: completions(req, True))
-    app.router.add_get("/v1/models", lambda req: web.json_response(
-        {"object": "list", "data": [{"id": "hawk", "object": "model"}]}))
-    app.router.add_get("/health", lambda req: web.json_response(
-        {"prefill": len(router.alive("prefill")), "decode": len(router.alive("decode")),
-         "requests": len(router.requests),
-         "done": sum(r.status != "unfinished" for r in router.requests.values())}))
-    app.router.add_get("/hawk/requests", requests_log)
-    app.router.add_get("/hawk/workers", workers)
-    return app
-
-
 async def serve(args, token: str) -> None:
     from aiohttp import web
 
@@ -377,6 +290,8 @@ async def serve(args, token: str) -> None:
     config = LlamaConfig.from_json(args.model) if args.model else tiny_config()
     router = Router(token, config.vocab_size, config.max_position_embeddings, args.routing)
     control = await asyncio.start_server(router.on_worker, args.host, args.control_port)
+    from hardware.serve.openai_api import make_app
+
     runner = web.AppRunner(make_app(router), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

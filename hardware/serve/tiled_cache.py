@@ -121,7 +121,8 @@ class TiledKVCache:
 
 
 def _encode_groups(values: np.ndarray, dtype: str, group_bytes: int):
-    """Face rows ``[m, 16]`` float32 -> (exponent byte per row or None, bytes ``[m, group_bytes]``)."""
+    """Face rows ``[m, 16]`` float32 -> (exponent byte per row, or None for plain floats;
+    bytes ``[m, group_bytes]``)."""
     from hardware.tiles import GROUPS, pack_tiles
 
     fmt = tile_format(dtype)

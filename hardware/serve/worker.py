@@ -211,8 +211,9 @@ def run_decode(args, token: str) -> None:
                           args.max_request_tokens, args.max_batch_size, args.kv_dtype)
     link = RouterLink(args.router, token, {"role": "decode", "device": str(model.device),
                                            "mechanism": args.mechanism})
-    print(f"decode worker {link.index}: {args.mechanism}, KV {args.kv_dtype if args.mechanism.startswith('GN') else 'paged'}",
-          file=sys.stderr, flush=True)
+    layout = args.kv_dtype if args.mechanism.startswith("GN") else "paged"
+    print(f"decode worker {link.index}: {args.mechanism}, KV {layout}", file=sys.stderr,
+          flush=True)
     puller = Puller(engine, transport, token, link, args.transfer_timeout_s)
     try:
         while True:

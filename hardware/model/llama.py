@@ -6,7 +6,9 @@ so that a Hugging Face checkpoint loads as is. One attention path serves prefill
 as in vLLM v1: a step appends new tokens to each sequence, writes their K/V into the paged
 cache, then every query gathers its sequence's keys through the block table and attends to
 positions up to its own. ``prefill`` and ``decode`` are that step with whole prompts, or with
-one token per sequence at different context lengths.
+one token per sequence at different context lengths. The cache is anything with
+``update(layer, k, v, batch) -> (keys, values)``: vLLM's paged cache (``cache.PagedKVCache``) or
+the decode side's NPU-layout cache (``hardware.serve.tiled_cache.TiledKVCache``).
 
 Shapes: B sequences, T new tokens (padded), S = gathered cache tokens, C = hidden_size,
 H = query heads, K = KV heads, D = head_dim, V = vocab_size.

@@ -37,7 +37,6 @@ import numpy as np
 import simpy
 from simpy.events import Timeout
 
-from hardware.kv_layout import blocks_for
 from policies.admission import ADMISSION, reserve_tokens
 from policies.batching import fcfs_decode_admit
 from sim.faults import DecodeFaults
@@ -232,17 +231,17 @@ class DecodeInstance(DecodeFaults):
         (on-demand: the blocks a running step holds are not free)."""
         prompt = self.ledger.prompt[i]
         context = self._resume.get(i, prompt + 1) if self._resume else prompt + 1
-        tokens = reserve_tokens(self.admission, prompt, self.ledger.output[i], context,
-                                self.max_tokens)
         kv = self._kv
-        if kv is not None:
-            if self.num_assigned - len(self.pending) >= self.max_batch_size:
-                return None                   # no batch slot for it yet (vLLM's max_num_seqs)
-            last = self.iteration + self._plan[3] - 1 if self._plan else self.iteration
-            if not kv.fits(blocks_for(tokens, kv.block_size), last, self._step_now):
-                self.memory.num_waits += 1
-                return None
-        return tokens - prompt
+        if kv is None:
+            return reserve_tokens(self.admission, prompt, self.ledger.output[i], context,
+                                  self.max_tokens) - prompt
+        if self.num_assigned - len(self.pending) >= self.max_batch_size:
+            return None                       # no batch slot for it yet (vLLM's max_num_seqs)
+        last = self.iteration + self._plan[3] - 1 if self._plan else self.iteration
+        if not kv.fits(-(-context // kv.block_size), last, self._step_now):
+            self.memory.num_waits += 1        # on-demand: the blocks of the context it lands
+            return None                       # with are not free now
+        return context - prompt
 
     def _step_now(self) -> int:
         """The decode step in progress now (its blocks are taken)."""
@@ -278,6 +277,26 @@ class DecodeInstance(DecodeFaults):
         tokens = context - 1 if kind == "recompute" else context
         self._restoring.append((i, self.restore_time(tokens, kind) if tokens > 0 else 0.0))
         self._after_reserving(self.env.now)
+
+    def _make_room(self, at: float, it: int) -> float:
+        """At boundary ``it``: preempt what step ``it`` has no blocks for, queue the restored
+        requests to join first, and stall for restores and swaps. Returns the run's start."""
+        running, waiting = self.running, self.waiting
+        if running:
+            before = len(running)
+            for i, base in self._kv.make_room(it):
+                self._preempt(i, base, it)
+            if len(running) < before:              # no joins in a step that preempted
+                self._preempted_step = it if running else -1
+        for i, seconds in reversed(self._restoring):
+            waiting.appendleft(i)
+            self._stall += seconds
+        self._restoring.clear()
+        if self._stall:
+            self.busy_time += self._stall
+            at += self._stall
+            self._stall = 0.0
+        return at
 
     def _preempt(self, i: int, base: int, it: int) -> None:
         """Preempt running ``i`` at iteration ``it``: free its blocks and queue it first."""
@@ -357,21 +376,9 @@ class DecodeInstance(DecodeFaults):
         running, waiting, it, kv = self.running, self.waiting, self.iteration, self._kv
         if not redo:
             self._boundary_at = at
-        if kv is not None:
-            if running:
-                before = len(running)
-                for i, base in kv.make_room(it):
-                    self._preempt(i, base, it)
-                if len(running) < before:          # no joins in a step that preempted
-                    self._preempted_step = it if running else -1
-            for i, seconds in reversed(self._restoring):
-                waiting.appendleft(i)
-                self._stall += seconds
-            self._restoring.clear()
-            if self._stall:
-                self.busy_time += self._stall
-                at += self._stall
-                self._stall = 0.0
+        if kv is not None and (self._restoring or self._stall or running and
+                               kv.growth_upper(it) > self.memory.free_blocks):
+            at = self._make_room(at, it)
         preempted = self._preempted_step == it
         if waiting and not preempted:
             ledger = self.ledger
@@ -388,7 +395,10 @@ class DecodeInstance(DecodeFaults):
             batch, factor = len(running), self._factor
             steps = running[0][0] - it if self.fast_forward else 1
             if kv is not None:
-                steps = kv.steps_fitting(it, 1 if preempted and waiting else steps)
+                if preempted and waiting:
+                    steps = 1                      # they join at the next boundary
+                if kv.growth_upper(it + steps - 1) > self.memory.free_blocks:
+                    steps = kv.steps_fitting(it, steps)
             context = self._context_base + batch * it
             self._plan = (at, batch, context, steps, factor)
             end = at + factor * self.predictor.decode_time(batch, context, steps)

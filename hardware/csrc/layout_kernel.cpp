@@ -117,22 +117,16 @@ inline void store_line(uint8_t* to, __m512i line) {
 }
 
 // bfloat16 sources: one tile row, 32 values, in the 16-bit lanes of one __m512i, its two
-// groups in the two 256-bit halves. A bfloat16's significand with the hidden bit is 8 bits;
+// groups in the two 256-bit halves (``exp``: their biased exponents; ``e``: each half's
+// maximum E in all its lanes). A bfloat16's significand with the hidden bit is 8 bits;
 // put at the top of a 16-bit lane (Y = 1.mmmmmmm << 8), Y >> (E - exp) keeps all its bits
 // whenever the code can be non-zero (E - exp <= 7) and is below half otherwise, so rounding
 // from 16 bits (dropping 16 - MAG) gives the 24-bit recipe's codes. The sum before the drop
 // saturates at 0xFFFF only where the code saturates anyway, and 0xFFFF >> (16 - MAG) is the
-// largest code, so no clamp is needed. Branch-free: four butterfly steps leave each half's
-// maximum exponent E in all its lanes; srlv gives 0 for shifts of 16 or more.
+// largest code, so no clamp is needed. Branch-free; srlv gives 0 for shifts of 16 or more.
 template <int MAG>
-inline __m512i encode_row(__m512i x, __m512i* shared) {
+inline __m512i encode_row(__m512i x, __m512i exp, __m512i e) {
   constexpr int drop = 16 - MAG;
-  const __m512i exp = _mm512_and_si512(_mm512_srli_epi16(x, 7), _mm512_set1_epi16(0xFF));
-  __m512i e = _mm512_max_epu16(exp, _mm512_shuffle_i64x2(exp, exp, _MM_SHUFFLE(2, 3, 0, 1)));
-  e = _mm512_max_epu16(e, _mm512_shuffle_epi32(e, _MM_PERM_BADC));
-  e = _mm512_max_epu16(e, _mm512_shuffle_epi32(e, _MM_PERM_CDAB));
-  e = _mm512_max_epu16(e, _mm512_rol_epi32(e, 16));      // E in all 16 lanes of each half
-  *shared = e;
   const __m512i y = _mm512_or_si512(_mm512_slli_epi16(x, 8), _mm512_set1_epi16(0x8000));
   const __m512i aligned = _mm512_maskz_srlv_epi16(_mm512_test_epi16_mask(exp, exp), y,
                                                   _mm512_sub_epi16(e, exp));
@@ -141,10 +135,33 @@ inline __m512i encode_row(__m512i x, __m512i* shared) {
   const __m512i up = _mm512_mask_blend_epi16(odd, _mm512_set1_epi16((1 << (drop - 1)) - 1),
                                              _mm512_set1_epi16(1 << (drop - 1)));
   const __m512i q = _mm512_srli_epi16(_mm512_adds_epu16(aligned, up), drop);
-  // q | sign << MAG (ternary logic A | (B & C): 0xF8), then 0 where q is 0
-  const __m512i code = _mm512_ternarylogic_epi32(q, _mm512_srli_epi16(x, 15 - MAG),
-                                                 _mm512_set1_epi16(1 << MAG), 0xF8);
-  return _mm512_maskz_mov_epi16(_mm512_test_epi16_mask(q, q), code);
+  // the sign bit (added: q < 1 << MAG) where x is negative and q is not 0
+  const __mmask32 negative = _mm512_movepi16_mask(x) & _mm512_test_epi16_mask(q, q);
+  return _mm512_mask_add_epi16(q, negative, q, _mm512_set1_epi16(1 << MAG));
+}
+
+// The maximum exponents of eight tile rows' sixteen groups at once (``exp[w]``: row w's
+// exponents), a tree of blends and maxima over the rows together instead of a butterfly per
+// row: word w (and 8 + w) of the result is row w's E of its first group, 16 + w (and 24 + w)
+// that of its second.
+inline __m512i max_exponents(const __m512i* exp) {
+  __m512i pairs[4], quads[2];
+  for (int k = 0; k < 4; ++k) {  // dword: rows 2k (low word), 2k + 1 (high), over 2 lanes
+    const __m512i a = exp[2 * k], b = exp[2 * k + 1];
+    pairs[k] = _mm512_max_epu16(_mm512_mask_blend_epi16(0xAAAAAAAA, a, b),
+                                _mm512_rol_epi32(_mm512_mask_blend_epi16(0xAAAAAAAA, b, a), 16));
+  }
+  for (int k = 0; k < 2; ++k) {  // qword: rows 4k .. 4k + 3, over 4 lanes
+    const __m512i a = pairs[2 * k], b = pairs[2 * k + 1];
+    quads[k] = _mm512_max_epu16(_mm512_mask_blend_epi32(0xAAAA, a, b),
+                                _mm512_shuffle_epi32(_mm512_mask_blend_epi32(0xAAAA, b, a),
+                                                     _MM_PERM_CDAB));
+  }
+  const __m512i eights =          // 128 bits: rows 0 .. 7, over 8 lanes
+      _mm512_max_epu16(_mm512_mask_blend_epi64(0xAA, quads[0], quads[1]),
+                       _mm512_shuffle_epi32(_mm512_mask_blend_epi64(0xAA, quads[1], quads[0]),
+                                            _MM_PERM_BADC));
+  return _mm512_max_epu16(eights, _mm512_shuffle_i64x2(eights, eights, _MM_SHUFFLE(2, 3, 0, 1)));
 }
 
 // Tile rows h * 16 + r0 .. + 7 of one bfloat16 tile into ``page``, each 64-byte line of codes
@@ -158,12 +175,21 @@ inline void pack_rows_vector(const uint16_t* layer, const int64_t* rows, uint8_t
   constexpr int GROUP_BYTES = FACE * (MAG + 1) / 8;
   static const uint16_t zeros[TILE] = {};
   const __m512i nibbles = _mm512_set1_epi32(0xFF);
-  __m512i c[8], e;
+  const __m512i halves = _mm512_setr_epi64(0, 0, 0, 0, 0x0010001000100010, 0x0010001000100010,
+                                           0x0010001000100010, 0x0010001000100010);
+  __m512i x[8], exp[8], c[8];
   for (int i = 0; i < 8; ++i) {
     prefetch_row<2>(layer, ahead, h * FACE + r0 + i);
     const int64_t src = rows[h * FACE + r0 + i];
-    c[i] = encode_row<MAG>(_mm512_loadu_si512(src < 0 ? zeros : layer + src), &e);
-    exps = _mm512_mask_mov_epi16(exps, __mmask32(0x10001u << (r0 + i)), e);
+    x[i] = _mm512_loadu_si512(src < 0 ? zeros : layer + src);
+    exp[i] = _mm512_and_si512(_mm512_srli_epi16(x[i], 7), _mm512_set1_epi16(0xFF));
+  }
+  const __m512i shared = max_exponents(exp);
+  exps = _mm512_mask_mov_epi16(exps, r0 ? 0xFF00FF00 : 0x00FF00FF, shared);
+  for (int i = 0; i < 8; ++i) {     // row i's E: word i of the first half, 16 + i of the second
+    const __m512i e = _mm512_permutexvar_epi16(_mm512_add_epi16(halves, _mm512_set1_epi16(i)),
+                                               shared);
+    c[i] = encode_row<MAG>(x[i], exp[i], e);
     if constexpr (MAG == 3)     // 16-bit codes (2m, 2m + 1) -> one byte in a 32-bit lane
       c[i] = _mm512_ternarylogic_epi32(c[i], _mm512_srli_epi32(c[i], 12), nibbles, 0xA8);
   }

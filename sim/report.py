@@ -98,33 +98,46 @@ def _fit_section(result: dict) -> list[str]:
     return lines
 
 
+#: what the growth of each TTFT stage (traces.metrics.TTFT_STAGES) says binds
+STAGE_BINDS = {"queue": "prefill (requests queue for it)",
+               "prefill": "prefill (batches grow long)",
+               "transfer_wait": "decode KV memory or batch slots (KV waits to be pulled)",
+               "transfer": "the KV path (NIC or host copies)",
+               "first_decode": "decode steps (the first token waits for a batch)"}
+
+
 def what_binds(summary: dict, ttft_slo_s: float, tpot_slo_s: float) -> dict:
-    """What limits a swept configuration (a ``sim.sweep.summarize_sweep`` result): at the
-    first rate past the knee, which P90 exceeds its SLO (TTFT, TPOT, or neither: the tail
-    below P90 fails), the busiest resource at the knee (prefill, link or decode utilisation)
-    and the largest TTFT stage there."""
+    """What limits a swept configuration (a ``sim.sweep.summarize_sweep`` result). At the
+    first rate past the knee: which P90 exceeds its SLO (TTFT, TPOT, or neither: the tail
+    below P90 fails), and, for TTFT, the stage of it that grew most since the lowest rate
+    (``STAGE_BINDS``: queueing for prefill means prefill binds, waiting to be pulled means the
+    decode side's memory or batch slots do). A TPOT miss means the decode steps bind."""
     rows = summary["rows"]
     knee = summary["knee_rate"]
-    at = next((r for r in rows if r["rate"] == knee), None)
-    past = next((r for r in rows if math.isfinite(knee) and r["rate"] > knee), None) \
-        if knee is not None else None
+    finite = knee is not None and math.isfinite(knee)
+    past = next((r for r in rows if r["rate"] > knee), None) if finite else rows[0]
     if past is None:
-        past = rows[0] if not (knee is not None and math.isfinite(knee)) else None
-    slo = "beyond the swept range"
-    if past is not None:
-        over = [name for name, key, limit in (("TTFT", "ttft_p90_s", ttft_slo_s),
-                                              ("TPOT", "tpot_p90_s", tpot_slo_s))
-                if past[key] > limit]
-        slo = " and ".join(over) if over else "neither P90 (the tail fails)"
-    ref = at or past or rows[-1]
-    util = {k: ref.get(f"{k}_utilization") for k in ("prefill", "link", "decode")}
-    busiest = max(util, key=lambda k: -1 if util[k] is None or not math.isfinite(util[k])
-                  else util[k])
-    stages = {k[5:-7]: ref[k] for k in ref if k.startswith("ttft_") and k.endswith("_mean_s")
-              and ref[k] is not None and math.isfinite(ref[k])}
-    return {"knee_rate": knee, "slo_missed_past_knee": slo, "busiest": busiest,
-            "utilization_at_knee": util,
-            "largest_ttft_stage": max(stages, key=stages.get) if stages else None}
+        return {"knee_rate": knee, "slo_missed_past_knee": "beyond the swept range",
+                "binds": "nothing within the swept range", "stage_growth_s": {}}
+    over = [name for name, key, limit in (("TTFT", "ttft_p90_s", ttft_slo_s),
+                                          ("TPOT", "tpot_p90_s", tpot_slo_s))
+            if past[key] > limit]
+    low = rows[0]
+    growth = {}
+    for stage in STAGE_BINDS:
+        key = f"ttft_{stage}_mean_s"
+        a, b = low.get(key), past.get(key)
+        if a is not None and b is not None and math.isfinite(a) and math.isfinite(b):
+            growth[stage] = b - a
+    if "TPOT" in over:
+        binds = "decode steps (TPOT)"
+    elif growth:
+        binds = STAGE_BINDS[max(growth, key=growth.get)]
+    else:
+        binds = "unknown"
+    return {"knee_rate": knee,
+            "slo_missed_past_knee": " and ".join(over) if over else "neither P90 (the tail)",
+            "binds": binds, "stage_growth_s": growth}
 
 
 def _cell(x) -> str:

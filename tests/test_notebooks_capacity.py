@@ -1,4 +1,5 @@
-"""The capacity-planning notebook executes end to end (quick settings)."""
+"""The capacity-planning notebook executes end to end (quick settings), its decode options
+reach knees that differ where their hardware does, and it says what binds each."""
 
 from pathlib import Path
 
@@ -12,7 +13,38 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "capacity_plannin
 
 def test_capacity_planning_notebook_runs(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", startup_timeout=180,
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", startup_timeout=180,
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
-    knees = [c for c in nb.cells if c.cell_type == "code"][2]["outputs"][0]["data"]["text/plain"]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    knees = code[1]["outputs"][0]["data"]["text/plain"]
     assert "p150a" in knees and "A100" in knees
+    binds = code[2]["outputs"][0]["data"]["text/plain"]
+    assert "binds" in binds and "slo_missed_past_knee" in binds
+
+
+def test_decode_options_differ_where_hardware_does_and_binding_is_named():
+    """Behind a prefill tier that does not bind, one and two p150a instances and a 4x A100
+    instance reach different knees, each with a named binding; behind the paper's single
+    prefill instance, prefill binds."""
+    from sim.paper import serving_config
+    from sim.report import what_binds
+    from sim.sweep import summarize_sweep, sweep
+    from traces.workloads import WORKLOADS
+
+    rates = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0]
+    tier = {"cluster.prefill.num_instances": 16, "workload.num_requests": 400}
+    options = {
+        "p150a": serving_config("GN-HAWK", "summarization").replace(**tier),
+        "2x p150a": serving_config("GN-HAWK", "summarization").replace(
+            **tier, **{"cluster.decode.num_instances": 2}),
+        "a100": serving_config("GG-Direct", "summarization").replace(**tier),
+        "one prefill": serving_config("GN-HAWK", "summarization").replace(
+            **{"workload.num_requests": 400}),
+    }
+    spec = WORKLOADS["summarization"]
+    out = {name: what_binds(summarize_sweep(sweep(config, rates, workers=1, progress=False)),
+                            spec.ttft_slo_s, spec.tpot_slo_s)
+           for name, config in options.items()}
+    assert out["p150a"]["knee_rate"] < out["2x p150a"]["knee_rate"] < out["a100"]["knee_rate"]
+    assert out["one prefill"]["binds"].startswith("prefill")
+    assert not out["p150a"]["binds"].startswith("prefill")

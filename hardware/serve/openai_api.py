@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from hardware.serve.router import MAX_FRAME
+MAX_BODY = 64 << 20          # bytes of one request body
 
 def make_app(router: Router):
     from aiohttp import web
@@ -88,7 +88,7 @@ def make_app(router: Router):
     async def workers(request):
         return web.json_response(await router.worker_stats())
 
-    app = web.Application(client_max_size=MAX_FRAME)
+    app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post("/v1/completions", lambda req: completions(req, False))
     app.router.add_post("/v1/chat/completions", lambda req: completions(req, True))
     app.router.add_get("/v1/models", lambda req: web.json_response(

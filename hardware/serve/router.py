@@ -132,7 +132,8 @@ class Router:
                 if not hmac.compare_digest(str(msg.get("token", "")).encode(), self.key):
                     break
                 self.on_event(w, msg)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError,
+                asyncio.CancelledError):       # a worker gone, or the router shutting down
             pass
         finally:
             self._lost(w)

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from hardware.wire import NoMessage, recv_msg, send_msg
+from hardware.wire import recv_msg, send_msg
 
 TOKEN_ENV = "HAWK_RUN_TOKEN"
 RETRY_S = 0.02
@@ -51,22 +51,21 @@ class RouterLink:
             raise SystemExit(f"worker: router refused: {reply.get('message')}")
         self.index = int(reply["index"])
         self.inbox: queue.Queue = queue.Queue()
-        self.sock.settimeout(0.5)
+        # Blocking from here on: the reader waits for messages without a timeout, so it never
+        # narrows the timeout that a send on another thread runs under.
+        self.sock.settimeout(None)
         threading.Thread(target=self._read, daemon=True, name="router-reader").start()
 
     def send(self, msg: dict) -> None:
         with self._lock:
-            self.sock.settimeout(30)
             send_msg(self.sock, {**msg, "token": self.token})
-            self.sock.settimeout(0.5)
 
     def _read(self) -> None:
         while True:
             try:
                 self.inbox.put(recv_msg(self.sock, "router"))
-            except NoMessage:
-                continue
-            except Exception:  # noqa: BLE001  (router gone: stop the worker)
+            except Exception as e:  # noqa: BLE001  (router gone: stop the worker)
+                print(f"worker: router link closed ({e})", file=sys.stderr, flush=True)
                 self.inbox.put({"op": "stop"})
                 return
 

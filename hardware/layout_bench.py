@@ -164,7 +164,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=4)
     parser.add_argument("--dram", choices=sorted(DRAMS), default="p150a")
     parser.add_argument("--layers", type=int, default=8, help="layers timed (counts use 80)")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's intra-op threads: the copy baseline and the fused kernel "
+                             "(which splits the pages over them) both use them")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:

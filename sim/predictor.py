@@ -249,7 +249,9 @@ class RooflinePredictor(Predictor):
             j = 1 if j < 1 else steps if j > steps else j
             last = j - 1
             t = j * const + (j * pm + qm * j * last / 2.0)     # as decode_time sums it
-            if t >= elapsed and (j == 1 or t - (const + pm + qm * last) < elapsed):
+            # the boundary before, summed the same way (a difference could round below it)
+            prev = last * const + (last * pm + qm * last * (last - 1) / 2.0)
+            if t >= elapsed and (j == 1 or prev < elapsed):
                 return j, t
         else:
             p, q = (pc, qc) if (pc, qc) > (pm, qm) else (pm, qm)
@@ -257,8 +259,7 @@ class RooflinePredictor(Predictor):
             root = (-b + sqrt(b * b + 4.0 * a * elapsed)) / (2.0 * a) if a > 0 else elapsed / b
             j = min(max(ceil(root), 1), steps)
             t = self.decode_time(batch, context, j)
-            if t >= elapsed and (j == 1 or t - (const + max(pc + qc * (j - 1),
-                                                             pm + qm * (j - 1))) < elapsed):
+            if t >= elapsed and (j == 1 or self.decode_time(batch, context, j - 1) < elapsed):
                 return j, t
         j = min(self.decode_steps_within(batch, context, steps, elapsed), steps)
         t = self.decode_time(batch, context, j)

@@ -94,6 +94,8 @@ class DecodeInstance(DecodeFaults):
         self.num_preemptions = 0
         self._preempted_step = -1             # the last step that preempted (no joins then)
         self._idle_at = 0.0                   # when the last run ended (idle since)
+        self._slack = memory.free_blocks if hasattr(memory, "free_blocks") else 0
+        # blocks pulls may take without cutting the live run short (on-demand; < 0: check)
         # Faults (sim.faults): set by the cluster when the run injects any.
         self.faults = None
         self.reroute = None                   # (request, source) -> None: another instance
@@ -137,16 +139,26 @@ class DecodeInstance(DecodeFaults):
     def _pull(self) -> None:
         ledger, pending, now = self.ledger, self.pending, self.env.now
         try_reserve, prompt, output = self.memory.try_reserve, ledger.prompt, ledger.output
+        kv, oracle = self._kv, self.admission.name == "oracle-reserve"
         while pending:
             i, source = pending[0]
-            if source is None and now < self._preempted_at[i]:
-                break                 # preempted at a boundary planned ahead: not yet reached
-            if self._kv is None and self.admission.name == "oracle-reserve":
-                extra = output[i]
-            else:
-                extra = self._reservation(i)
-                if extra is None:
+            if kv is None:
+                extra = output[i] if oracle else self._reservation(i)
+            else:                     # on-demand: the blocks of the context it lands with
+                if source is None and now < self._preempted_at[i]:
+                    break             # preempted at a boundary planned ahead: not yet reached
+                if self.num_assigned - len(pending) >= self.max_batch_size:
+                    break             # no batch slot for it yet (vLLM's max_num_seqs)
+                context = self._resume.get(i, prompt[i] + 1) if self._resume else prompt[i] + 1
+                need = -(-context // kv.block_size)
+                if need <= self._slack:
+                    self._slack -= need                # the live run keeps its blocks
+                elif self._fits(need):
+                    self._slack = -1                   # the live run may be short of blocks
+                else:
+                    self.memory.num_waits += 1
                     break
+                extra = context - prompt[i]
             verdict = try_reserve(i, prompt[i], extra)
             if verdict == "wait":
                 break
@@ -159,7 +171,7 @@ class DecodeInstance(DecodeFaults):
             if source is None:                        # preempted: its KV comes back here
                 self._restore(i)
                 continue
-            if self._kv is not None:
+            if self._slack < 0:
                 self._after_reserving(now)
             if self.faults is not None:
                 self._in_flight[i] = source
@@ -226,22 +238,17 @@ class DecodeInstance(DecodeFaults):
                 self._change_at_next_boundary(self.env.now)
 
     # -- on-demand blocks and preemption (policies.admission) ----------------------------
-    def _reservation(self, i: int) -> int | None:
-        """Tokens beyond the prompt that request ``i`` reserves now, or None: it must wait
-        (on-demand: the blocks a running step holds are not free)."""
+    def _reservation(self, i: int) -> int:
+        """Tokens beyond the prompt that request ``i`` reserves (policies that reserve up
+        front: nothing grows later)."""
         prompt = self.ledger.prompt[i]
-        context = self._resume.get(i, prompt + 1) if self._resume else prompt + 1
-        kv = self._kv
-        if kv is None:
-            return reserve_tokens(self.admission, prompt, self.ledger.output[i], context,
-                                  self.max_tokens) - prompt
-        if self.num_assigned - len(self.pending) >= self.max_batch_size:
-            return None                       # no batch slot for it yet (vLLM's max_num_seqs)
+        return reserve_tokens(self.admission, prompt, self.ledger.output[i], prompt + 1,
+                              self.max_tokens) - prompt
+
+    def _fits(self, need: int) -> bool:
+        """Whether ``need`` blocks are free now beyond those the step in progress holds."""
         last = self.iteration + self._plan[3] - 1 if self._plan else self.iteration
-        if not kv.fits(-(-context // kv.block_size), last, self._step_now):
-            self.memory.num_waits += 1        # on-demand: the blocks of the context it lands
-            return None                       # with are not free now
-        return context - prompt
+        return self._kv.fits(need, last, self._step_now)
 
     def _step_now(self) -> int:
         """The decode step in progress now (its blocks are taken)."""
@@ -267,10 +274,13 @@ class DecodeInstance(DecodeFaults):
         last, kv, free = self.iteration + self._plan[3] - 1, self._kv, self.memory.free_blocks
         if self._restoring or (kv.growth_upper(last) > free and kv.growth(last) > free):
             self._change_at_next_boundary(now)
+        elif self._slack < 0:
+            self._slack = 0                    # the live run fits, with no room to spare
 
     def _restore(self, i: int) -> None:
         """Preempted ``i`` has its blocks again: its KV is recomputed (a prefill-like pass of
         the tokens it had) or swapped back in, stalling the batch at the next boundary."""
+        self._slack = -1                       # restores take effect at the next boundary
         context = self._resume[i]
         del self._preempted_at[i]
         kind = self.admission.preemption
@@ -376,8 +386,11 @@ class DecodeInstance(DecodeFaults):
         running, waiting, it, kv = self.running, self.waiting, self.iteration, self._kv
         if not redo:
             self._boundary_at = at
-        if kv is not None and (self._restoring or self._stall or running and
-                               kv.growth_upper(it) > self.memory.free_blocks):
+        # The last plan left ``_slack`` blocks over its last step; one step more takes at
+        # most one block per request it ran, so only a smaller slack needs the bound.
+        if kv is not None and (self._restoring or self._stall or running and (
+                self._plan is None or self._slack < self._plan[1]) and
+                kv.growth_upper(it) > self.memory.free_blocks):
             at = self._make_room(at, it)
         preempted = self._preempted_step == it
         if waiting and not preempted:
@@ -397,8 +410,12 @@ class DecodeInstance(DecodeFaults):
             if kv is not None:
                 if preempted and waiting:
                     steps = 1                      # they join at the next boundary
-                if kv.growth_upper(it + steps - 1) > self.memory.free_blocks:
-                    steps = kv.steps_fitting(it, steps)
+                B = kv.block_size                  # spare blocks over the run's last step
+                slack = self.memory.free_blocks + kv.reserved - (
+                    self._context_base + batch * (it + steps - 1 + B - 1)) // B
+                if slack < 0:
+                    steps, slack = kv.steps_fitting(it, steps), 0
+                self._slack = slack
             context = self._context_base + batch * it
             self._plan = (at, batch, context, steps, factor)
             end = at + factor * self.predictor.decode_time(batch, context, steps)
@@ -411,3 +428,4 @@ class DecodeInstance(DecodeFaults):
             self._plan = None
             self._timer = None
             self._idle_at = at                 # a boundary planned ahead ends there
+            self._slack = self.memory.free_blocks

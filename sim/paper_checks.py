@@ -151,9 +151,10 @@ def _serving_claims(result: dict, workload: str) -> list[dict]:
                 "never = 0", knee["GG-Direct"] >= knee["GN-HAWK"] > knee["GG-Host"]
                 > knee["GN-Host"])]
     low = rows["GN-Host"][0]
-    out.append(_row(f"{workload} GN-Host P90 TTFT misses the SLO at the lowest rate "
-                    f"({low['rate']} req/s)", low["ttft_p90_s"], spec.ttft_slo_s,
-                    "> SLO", low["ttft_p90_s"] > spec.ttft_slo_s))
+    if workload == "chatbot":        # the paper says so of Chatbot only ("even at low rates")
+        out.append(_row(f"{workload} GN-Host P90 TTFT misses the SLO at the lowest rate "
+                        f"({low['rate']} req/s)", low["ttft_p90_s"], spec.ttft_slo_s,
+                        "> SLO", low["ttft_p90_s"] > spec.ttft_slo_s))
     worst = max(r["tpot_p90_s"] for n in ("GG-Direct", "GN-HAWK") for r in rows[n])
     out.append(_row(f"{workload} GG-Direct and GN-HAWK P90 TPOT under the SLO at every rate",
                     worst, spec.tpot_slo_s, "< SLO", worst < spec.tpot_slo_s))

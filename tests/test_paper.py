@@ -32,6 +32,27 @@ def test_json_has_every_key(result, tmp_path, capsys):
     assert {"prefill_ratio", "decode_ratio", "decode_power_ratio",
             "decode_cost_ratio"} <= set(data["table1"])
     assert (tmp_path / "report.md").exists() and (tmp_path / "fig9_transfer.png").exists()
+    assert data["free_parameters"] < data["num_targets"]
+    assert set(data["residuals"]) == set(data["loo"]) and len(data["residuals"]) == \
+        data["num_targets"]
+
+
+def test_devices_check_puts_published_figures_beside_the_model(capsys):
+    """hawk devices --check: every row has the model's value, the published one and its
+    source; none of these figures is a fit target."""
+    from sim.calibrate import paper_targets
+    from sim.cli import main
+    from sim.devices_check import check
+
+    rows = check("paper")
+    assert {r["device"] for r in rows} == {"p150a", "a100-pcie"}
+    for r in rows:
+        assert r["model"] > 0 and r["published"] > 0 and "tt-metal" in r["source"] or \
+            "vLLM" in r["source"]
+        assert r["ratio"] == pytest.approx(r["model"] / r["published"])
+    assert not {r["what"] for r in rows} & {t.name for t in paper_targets()}
+    assert main(["devices", "--check"]) == 0
+    assert "tt-metal README" in capsys.readouterr().out
 
 
 def test_figure9_orderings(result):

@@ -228,7 +228,12 @@ def _evaluate(job) -> dict:
     from sim.cluster import simulate
 
     config, bound, target, costs = job
-    s = simulate(config).summary
+    try:
+        s = simulate(config).summary
+    except Exception as exc:               # one broken combination must not end the search;
+        return {"config": _describe(config), "changes": _changes(config),   # it is reported
+                "error": f"{type(exc).__name__}: {exc}", "meets_target": False,
+                "knee_rate": None, "num_simulations": 1}
     return {"config": _describe(config), "changes": _changes(config),
             "rate": config.workload.rate, "slo_attainment": s["slo_attainment"],
             "meets_target": s["slo_attainment"] >= target,
@@ -304,6 +309,8 @@ def plan(base: RunConfig, rate: float, target: float = 0.9, space: Space = Space
                                         ["config"]]
         rows += run([(c, bound) for c in others])
         configs.update({_describe(c): (c, bound, []) for c in others})
+    failed = [r for r in rows if "error" in r]
+    rows = [r for r in rows if "error" not in r]
     # knees for the cheapest that meet the target, then the closest to it
     chosen = sorted(rows, key=lambda r: (not r["meets_target"], r["usd_per_success"]
                                          if r["meets_target"] else -r["slo_attainment"]))
@@ -317,14 +324,14 @@ def plan(base: RunConfig, rate: float, target: float = 0.9, space: Space = Space
     return {"rate": rate, "target": target, "workload": base.workload.name,
             "slo": {"ttft_s": base.slo.ttft_s, "tpot_s": base.slo.tpot_s},
             "num_candidates": len(found), "pruned": pruned,
-            "num_simulated": len(rows), "not_simulated": len(ranked),
+            "num_simulated": len(rows) + len(failed), "not_simulated": len(ranked),
             "stopped_by_cost_bound": stopped,
-            "num_simulations": sum(r["num_simulations"] for r in rows),
+            "num_simulations": sum(r["num_simulations"] for r in rows) + len(failed),
             "cheapest": min(meeting, key=lambda r: r["usd_per_success"], default=None),
             "most_power_efficient": max(meeting, key=lambda r: r["tokens_per_joule"],
                                         default=None),
             "frontier": pareto([r for r in rows if r["knee_rate"] is not None]),
-            "candidates": rows,
+            "candidates": rows, "failed": failed,
             "costs": {"amortisation_years": costs.amortisation_years,
                       "usd_per_kwh": costs.usd_per_kwh, "host": costs.host, "nic": costs.nic,
                       "devices": "hardware/catalog/devices.toml price_usd"}}
@@ -369,6 +376,8 @@ def format_plan(result: dict) -> str:
         lines.append(f"  {r['usd_per_success']:>10.5f} {r['knee_rate']:>10.3g} "
                      f"{100 * r['slo_attainment']:>7.1f}% {r['tokens_per_joule']:>7.3g} "
                      f"{r['capital_usd_per_hour']:>8.3f}  {r['config']}")
+    for r in result["failed"]:
+        lines.append(f"could not simulate {r['config']}: {r['error']}")
     c = result["costs"]
     lines.append(f"costs: devices from the catalog, host ${c['host']['price_usd']:,.0f} per "
                  f"{c['host']['devices_per_host']} devices, NIC ${c['nic']['price_usd']:,.0f} "

@@ -95,3 +95,17 @@ def test_cli_json_names_the_cheapest_with_its_knee_and_cost(tmp_path, capsys):
     assert plot.stat().st_size > 0
     assert main(["plan", "--rate", "1", "--mechanisms", "GN-Teleport"]) == 2
     assert "--mechanisms 'GN-Teleport': choose from" in capsys.readouterr().err
+
+
+def test_a_candidate_that_cannot_be_simulated_is_reported_not_fatal(monkeypatch):
+    import sim.cluster
+
+    def broken(config, *args, **kwargs):
+        raise RuntimeError(f"no model for {config.cluster.link.mechanism}")
+
+    monkeypatch.setattr(sim.cluster, "simulate", broken)
+    result = pl.plan(RunConfig().replace(**{"workload.num_requests": 50}), 0.5, 0.9, SMALL,
+                     workers=1, progress=False)
+    assert result["cheapest"] is None and result["frontier"] == []
+    assert result["failed"][0]["error"] == "RuntimeError: no model for GN-HAWK"
+    assert "could not simulate 1x(4x a100-pcie)" in pl.format_plan(result)

@@ -219,3 +219,22 @@ def test_paper_json_reports_the_fit(result):
     assert not rows[ordering]["fitted"]                      # orderings are predictions
     assert "summarization GN-HAWK's P90 TPOT reaches the SLO at a lower rate than " \
            "GG-Direct's" in rows
+
+
+def test_interpolated_knee_and_scaled_residuals():
+    from sim.calibrate import Target, interpolated_knee, residual
+
+    assert interpolated_knee([0.2, 0.4, 0.6], [1.0, 0.95, 0.85]) == pytest.approx(0.5)
+    assert math.isnan(interpolated_knee([0.2, 0.4], [0.5, 0.4]))     # never reaches 90%
+    assert interpolated_knee([0.2, 0.4], [1.0, 0.99]) == 0.4         # beyond the range
+    assert residual(Target("k", "knee", 0.65), 0.70) == pytest.approx(1.0)
+    assert residual(Target("r", "ratio", 2.0), 2.3) == pytest.approx(1.0)
+    assert residual(Target("n", "knee", math.nan), None) == 0.0      # "never", and never
+    assert residual(Target("n", "knee", math.nan), 0.1) == pytest.approx(2.0)
+
+
+def test_calibrate_refuses_an_unknown_target_set(capsys):
+    from sim.cli import main
+
+    assert main(["calibrate", "--targets", "chatbot-only"]) != 0
+    assert "the one target set is 'paper'" in capsys.readouterr().err

@@ -62,7 +62,9 @@ def test_orderings_at_every_size(mb):
     lat = {n: isolated_latency(_pricing(n).price(tokens), params.wire_gb_s(n) * 1e9)
            for n in MECHANISMS}
     assert lat["GG-Direct"] < lat["GN-HAWK"] < lat["GG-Host"] < lat["GN-Host"]
-    assert lat["GN-HAWK"] < lat["GN-PerPage"] and lat["GN-HAWK"] < lat["GN-Direct"]
+    assert lat["GN-HAWK"] < lat["GN-PerPage"]
+    # GN-Direct (raw tokens, re-laid out on the NPU) is not ordered against GN-HAWK in
+    # isolation: it sends fewer bytes; the paper's case against it is memory under load
 
 
 def test_price_is_memoised_and_consistent():

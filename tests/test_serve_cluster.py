@@ -137,7 +137,7 @@ def test_killed_workers_fail_only_their_requests_and_restarted_ones_rejoin(model
         runner.start()
         started.wait()                                # every request is decoding
         before = {e["rid"]: e["status"] for e in cluster.get("/hawk/requests")}
-        cluster.kill_worker(("decode", 0))
+        cluster.kill_worker("decode", 0)
         runner.join(timeout=600)
         log = {e["rid"]: e for e in cluster.get("/hawk/requests")}
         on_dead = [e for e in log.values() if e["decode_instance"] == 0]
@@ -153,7 +153,7 @@ def test_killed_workers_fail_only_their_requests_and_restarted_ones_rejoin(model
         assert len(errors) == sum(e["status"] != "ok" for e in on_dead)
         assert all("decode worker 0 lost" in e for e in errors)
 
-        cluster.kill_worker(("prefill", 1))
+        cluster.kill_worker("prefill", 1)
         cluster.wait_for(1, 1, exact=True)            # the router saw both go
         cluster.start_worker("decode")
         cluster.start_worker("prefill")

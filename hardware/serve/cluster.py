@@ -129,10 +129,16 @@ class LocalCluster:
         raise ClusterError(f"workers did not join within {self.config.start_timeout_s:g} s: "
                            f"{self.health()}")
 
-    def kill_worker(self, key: tuple[str, int]) -> None:
-        proc = self.workers[key]
-        proc.kill()
-        proc.wait(timeout=30)
+    def kill_worker(self, role: str, index: int) -> None:
+        """SIGKILL the worker the router knows as ``role`` ``index`` (its join order, which
+        need not be the order this cluster started the processes in)."""
+        pids = {w["pid"]: w for w in self.get("/hawk/workers")
+                if w["role"] == role and w["index"] == index}
+        procs = [p for p in self.workers.values() if p.pid in pids]
+        if not procs:
+            raise ClusterError(f"no live {role} worker {index} started by this cluster")
+        procs[0].kill()
+        procs[0].wait(timeout=30)
 
     def stop(self, grace_s: float = 10.0) -> None:
         procs = [p for p in self.workers.values()] + ([self.router] if self.router else [])

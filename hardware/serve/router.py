@@ -278,6 +278,7 @@ class Router:
                 except asyncio.TimeoutError:
                     stats = None
                 out.append({"role": role, "index": w.index, "device": w.info.get("device"),
+                            "pid": w.info.get("pid"),
                             **({k: v for k, v in (stats or {}).items()
                                 if k not in ("ev", "token")})})
         return out

@@ -44,7 +44,7 @@ class RouterLink:
     def __init__(self, address: tuple[str, int], token: str, hello: dict):
         self.sock = socket.create_connection(address, timeout=30)
         self.token, self._lock = token, threading.Lock()
-        self.send({"op": "hello", **hello})
+        self.send({"op": "hello", "pid": os.getpid(), **hello})
         self.sock.settimeout(30)
         reply = recv_msg(self.sock, "router")
         if not reply.get("ok"):

@@ -66,6 +66,12 @@ class LocalCluster:
 
     def start(self) -> "LocalCluster":
         c = self.config
+        import importlib.util
+        for module, extra in (("torch", "test"), ("aiohttp", "replay"),
+                              ("mooncake", "transfer")):
+            if importlib.util.find_spec(module) is None:
+                raise ClusterError(f"the workers need {module} (pip install -e '.[{extra}]'); "
+                                   f"their KV moves over Mooncake TCP")
         cmd = [sys.executable, "-m", "hardware.serve.router", "--host", c.host]
         if c.model:
             cmd += ["--model", c.model]

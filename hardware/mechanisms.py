@@ -29,12 +29,13 @@ import numpy as np
 
 from hardware.dram import DramConfig, page_location
 from hardware.kv_layout import GpuKVSpec, TTKVSpec, gather_tokens, scatter_tokens, to_tt_blocks
+from hardware.mechanism_specs import REAL_MECHANISMS
 from hardware.plan import TransferPlan
 from hardware.plans import RequestTransfer, hawk_plan
 from hardware.tiles import bf16_to_f32, pack
 from hardware.transport.base import Region, Transport
 
-MECHANISMS = ("GG-Host", "GN-Host", "GG-Direct", "GN-Direct", "GN-HAWK")
+MECHANISMS = REAL_MECHANISMS        # the names hardware.mechanism_specs marks real
 MIB = 1 << 20
 
 

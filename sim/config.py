@@ -178,7 +178,7 @@ def _check_pairing(inst: InstanceConfig, w: str) -> None:
 class LinkConfig:
     """The network between prefill and decode instances and how the KV cache crosses it."""
 
-    mechanism: str = "GN-HAWK"          # a sim.transfer.MECHANISMS name
+    mechanism: str = "GN-HAWK"          # a hardware.mechanism_specs.MECHANISMS name
     bandwidth_gb_s: float | None = None  # NIC bandwidth; None: the profile's [transfer] NIC
     latency_s: float = 2e-6             # one-way network latency per transfer
 

@@ -1,14 +1,8 @@
 """Transfer pricing: what moving one request's KV cache costs under each mechanism.
 
-A mechanism is one of the transfer plans of ``hardware.plans`` plus the copies around it:
-
-- ``GG-Host``: GPU -> host -> network -> host -> GPU (host staging, same layout).
-- ``GN-Host``: GPU -> host -> network -> host -> NPU, with the TILE re-layout on the
-  destination host (``relayout_at = "host"``) or on the NPU (``"npu"``).
-- ``GG-Direct``: GPU -> GPU one-sided RDMA, one write per run of adjacent GPU blocks (Mooncake).
-- ``GN-HAWK``: the GPU tilizes, packs and regroups by NPU DRAM bank, then one write per bank.
-- ``GN-Direct``: the raw tokens into one contiguous NPU buffer, then a re-layout on the NPU.
-- ``GN-PerPage``: tilized and packed on the GPU, then one write per tile page.
+A mechanism (``hardware.mechanism_specs.MECHANISMS``, the one table of them) is one of the
+transfer plans of ``hardware.plans`` plus the copies around it. ``GN-Host`` re-lays out on the
+destination host (``relayout_at = "host"``) or on the NPU (``"npu"``).
 
 ``MechanismPricing.price(num_tokens)`` returns a ``TransferCost``: seconds the prefill engine
 spends saving the KV for a host-staged mechanism (``save_s``: device-to-host copy and the copy
@@ -38,39 +32,10 @@ from functools import lru_cache
 from hardware.catalog import DeviceSpec, ModelSpec, dtype_bytes, lookup
 from hardware.dram import DramConfig, GiB
 from hardware.kv_layout import blocks_for
+from hardware.mechanism_specs import MECHANISMS, Mechanism
 from hardware.tiles import TILE, tile_format
 
 GB = 1e9
-
-
-@dataclass(frozen=True)
-class Mechanism:
-    """How one mechanism moves the KV cache. ``plan`` names its ``hardware.plans`` builder."""
-
-    name: str
-    source: str          # "gpu"
-    destination: str     # "gpu" or "npu"
-    path: str            # "host" (staged through both hosts) or "direct" (RDMA device to device)
-    layout: str          # "same", "gpu_transform", "npu_relayout" or "relayout" (host or NPU)
-    plan: str
-    pool: str            # decode-side memory pool: "block", "hawk" or "single_buffer"
-
-    @property
-    def host_staged(self) -> bool:
-        return self.path == "host"
-
-
-MECHANISMS: dict[str, Mechanism] = {
-    "GG-Host": Mechanism("GG-Host", "gpu", "gpu", "host", "same", "host_staged", "block"),
-    "GN-Host": Mechanism("GN-Host", "gpu", "npu", "host", "relayout", "host_staged", "block"),
-    "GG-Direct": Mechanism("GG-Direct", "gpu", "gpu", "direct", "same", "per_gpu_block_merged",
-                           "block"),
-    "GN-HAWK": Mechanism("GN-HAWK", "gpu", "npu", "direct", "gpu_transform", "hawk", "hawk"),
-    "GN-Direct": Mechanism("GN-Direct", "gpu", "npu", "direct", "npu_relayout", "single_buffer",
-                           "single_buffer"),
-    "GN-PerPage": Mechanism("GN-PerPage", "gpu", "npu", "direct", "gpu_transform", "per_page",
-                            "hawk"),
-}
 
 
 def mechanism(name: str) -> Mechanism:

@@ -112,3 +112,13 @@ def test_the_cycle_check_finds_loops():
     looped = {**graph, "traces.schema": graph["traces.schema"] | {"traces.metrics"}}
     assert ["traces.metrics", "traces.schema"] in cycles(looped)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_one_table_of_transfer_mechanisms():
+    from hardware import mechanism_specs, mechanisms
+    from sim import transfer
+
+    assert transfer.MECHANISMS is mechanism_specs.MECHANISMS
+    assert set(mechanisms.MECHANISMS) == {n for n, m in mechanism_specs.MECHANISMS.items()
+                                          if m.real}
+    assert "GN-PerPage" not in mechanisms.MECHANISMS            # priced, not run on real bytes

@@ -10,8 +10,9 @@ Every number comes from the ``paper`` profile (sim/profiles/paper.toml) and the 
 - ``run_paper``: all of it as one JSON-ready dict, next to the paper's figures (``TARGETS``),
   with each claim of the paper's section 6 checked (``sim.paper_checks``).
 
-Configurations set ``cluster.link.mechanism`` to a ``hardware.mechanism_specs.MECHANISMS`` name: the
-simulator prices every transfer with that mechanism and uses its decode-side memory pool.
+Configurations set ``cluster.link.mechanism`` to a ``hardware.mechanism_specs.MECHANISMS``
+name: the simulator prices every transfer with that mechanism and uses its decode-side memory
+pool.
 """
 
 from __future__ import annotations

@@ -428,4 +428,5 @@ class DecodeInstance(DecodeFaults):
             self._plan = None
             self._timer = None
             self._idle_at = at                 # a boundary planned ahead ends there
-            self._slack = self.memory.free_blocks
+            if kv is not None:
+                self._slack = self.memory.free_blocks

@@ -162,3 +162,12 @@ def test_restoring_a_preempted_request_prices_its_context(monkeypatch, admission
     prompts = set(result.records["num_prompt_tokens"])
     if how == "recompute":               # tokens = prompt + generated - 1 >= prompt
         assert all(t >= min(prompts) for t, _ in calls)
+
+
+def test_a_single_staging_buffer_reserves_prompt_and_output_under_every_policy():
+    """GN-Direct lays each request out whole when it lands: on-demand admission there is the
+    up-front reservation, record for record."""
+    runs = [table_run(num_requests=120, **{"cluster.link.mechanism": "GN-Direct",
+                                            "cluster.decode.admission": name}).records
+            for name in ("on-demand-recompute", "oracle-reserve")]
+    assert runs[0].equals(runs[1])

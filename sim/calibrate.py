@@ -16,8 +16,8 @@ The fit is honest by construction:
   (``LOO_STEPS`` steps, each one true evaluation), then the model's value for the left-out
   target at that refit. Cheaper than refitting from the start, and stated as such.
 
-The serving targets come from reduced sweeps (``FIT_REQUESTS`` per point, one seed) with the
-knee interpolated between grid rates, so the objective moves with the parameters; ``hawk paper``
+The serving targets come from sweeps of ``hawk paper``'s length (``FIT_REQUESTS`` per point)
+with one seed and a coarser grid, the knee interpolated between grid rates, so the objective moves with the parameters; ``hawk paper``
 then reports every target at its full settings beside the fit's record. The fit writes the
 profile (values substituted into the template, comments kept) and ``<profile>_fit.toml``.
 """
@@ -35,12 +35,14 @@ from typing import Callable
 
 import numpy as np
 
+from sim.paper_checks import Target, load_fit_record, paper_targets, residual  # noqa: F401
+
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
-FIT_REQUESTS = {"chatbot": 500, "summarization": 500}   # shorter runs put knees too high
+FIT_REQUESTS = {"chatbot": 1500, "summarization": 1500}   # as hawk paper: shorter runs put
+                                                           # knees too high (queues build slowly)
 FIT_RATES = {"chatbot": [round(0.2 + 0.1 * k, 2) for k in range(19)],         # 0.2..2.0
              "summarization": [round(0.2 + 0.1 * k, 2) for k in range(14)]}    # 0.2..1.5
 LOO_STEPS = 1
-TOLERANCE = {"ratio": 0.15, "knee": 0.05, "gap": 0.02}
 
 
 @dataclass(frozen=True)
@@ -90,42 +92,6 @@ DERIVED = {
 
 def with_derived(values: dict[str, float]) -> dict[str, float]:
     return {**values, **{name: rule(values) for name, rule in DERIVED.items()}}
-
-
-@dataclass(frozen=True)
-class Target:
-    name: str
-    kind: str          # "ratio", "knee" (NaN paper value: never reaches 90%) or "gap"
-    paper: float
-
-
-def paper_targets() -> list[Target]:
-    """Every numbered target of docs/paper.md section 6, named as ``hawk paper`` names it."""
-    from sim.paper_checks import TARGETS
-
-    t, out = TARGETS, []
-    for mech, (small, large) in t["fig9"].items():
-        out.append(Target(f"Fig 9 {mech}/GG-Host at 10 MB", "ratio", small))
-        out.append(Target(f"Fig 9 {mech}/GG-Host at 1280 MB", "ratio", large))
-    out += [Target(f"Table 1 {k}", "ratio", v) for k, v in t["table1"].items()]
-    for workload, knees in t["knees"].items():
-        out += [Target(f"{workload} knee {n}", "knee", v) for n, v in knees.items()]
-    for workload, ratios in t["efficiency"].items():
-        out += [Target(f"{workload} Table 8 {k}", "ratio", v) for k, v in ratios.items()]
-    out += [Target(f"{w} GN-HAWK throughput at knee vs GG-Direct", "gap", v)
-            for w, v in t["throughput_gap"].items()]
-    return out
-
-
-def residual(target: Target, ours) -> float:
-    """Scaled miss: 1 = one tolerance away. A missing value counts as 10 tolerances."""
-    if target.kind == "knee" and not math.isfinite(target.paper):
-        return 0.0 if ours is None or not math.isfinite(ours) else ours / TOLERANCE["knee"]
-    if ours is None or not math.isfinite(ours):
-        return 10.0
-    if target.kind == "ratio":
-        return (ours / target.paper - 1.0) / TOLERANCE["ratio"]
-    return (ours - target.paper) / TOLERANCE[target.kind]
 
 
 # -- the profile as text: values in, comments kept ----------------------------------------
@@ -357,18 +323,6 @@ def fit_record(result: Fit, targets) -> dict:
                              "loo_residual": result.loo_residuals.get(t.name)}
                     for t in targets},
     }
-
-
-def load_fit_record(profile: str = "paper") -> dict | None:
-    """The fit record written beside a packaged profile, or None."""
-    from importlib import resources
-
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-    path = resources.files("sim").joinpath("profiles", f"{profile}_fit.toml")
-    return tomllib.loads(path.read_text()) if path.is_file() else None
 
 
 def to_toml(record: dict) -> str:

@@ -223,8 +223,7 @@ def fit_summary(result: dict, profile: str = PROFILE) -> dict:
     """The fit behind the profile (``hawk calibrate``'s record) beside this run: the number of
     free parameters and of targets, each target's residual here (scaled by its tolerance) and
     its leave-one-out value and residual from the record. Empty without a record."""
-    from sim.calibrate import Target, load_fit_record, residual
-    from sim.paper_checks import target_values
+    from sim.paper_checks import Target, load_fit_record, residual, target_values
 
     record = load_fit_record(profile) if not profile.endswith(".toml") else None
     if record is None:

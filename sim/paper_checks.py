@@ -20,6 +20,7 @@ is checked as a prediction.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 KNEE_TOLERANCE = 0.05      # req/s
 RATIO_TOLERANCE = 0.15     # relative
@@ -46,12 +47,62 @@ TARGETS = {
 }
 
 
+#: a residual of 1 = one tolerance away from the paper's number
+TOLERANCE = {"ratio": RATIO_TOLERANCE, "knee": KNEE_TOLERANCE, "gap": THROUGHPUT_GAP}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str          # "ratio", "knee" (NaN paper value: never reaches 90%) or "gap"
+    paper: float
+
+
+def paper_targets() -> list[Target]:
+    """Every numbered target of docs/paper.md section 6, named as ``hawk paper`` names it."""
+    t, out = TARGETS, []
+    for mech, (small, large) in t["fig9"].items():
+        out.append(Target(f"Fig 9 {mech}/GG-Host at 10 MB", "ratio", small))
+        out.append(Target(f"Fig 9 {mech}/GG-Host at 1280 MB", "ratio", large))
+    out += [Target(f"Table 1 {k}", "ratio", v) for k, v in t["table1"].items()]
+    for workload, knees in t["knees"].items():
+        out += [Target(f"{workload} knee {n}", "knee", v) for n, v in knees.items()]
+    for workload, ratios in t["efficiency"].items():
+        out += [Target(f"{workload} Table 8 {k}", "ratio", v) for k, v in ratios.items()]
+    out += [Target(f"{w} GN-HAWK throughput at knee vs GG-Direct", "gap", v)
+            for w, v in t["throughput_gap"].items()]
+    return out
+
+
+def residual(target: Target, ours) -> float:
+    """Scaled miss: 1 = one tolerance away. A missing value counts as 10 tolerances."""
+    if target.kind == "knee" and not math.isfinite(target.paper):
+        return 0.0 if ours is None or not math.isfinite(ours) else ours / TOLERANCE["knee"]
+    if ours is None or not math.isfinite(ours):
+        return 10.0
+    if target.kind == "ratio":
+        return (ours / target.paper - 1.0) / TOLERANCE["ratio"]
+    return (ours - target.paper) / TOLERANCE[target.kind]
+
+
 def fitted_targets() -> set[str]:
     """The targets ``hawk calibrate --targets paper`` fits (sim/calibrate.py): every
     numbered target above. Orderings and TTFT/TPOT claims are predictions."""
-    from sim.calibrate import paper_targets
-
     return {t.name for t in paper_targets()}
+
+
+def load_fit_record(profile: str = "paper") -> dict | None:
+    """The fit record ``hawk calibrate`` writes beside a packaged profile
+    (``sim/profiles/<profile>_fit.toml``), or None."""
+    from importlib import resources
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    path = resources.files("sim").joinpath("profiles", f"{profile}_fit.toml")
+    return tomllib.loads(path.read_text()) if path.is_file() else None
+
 
 
 def _finite(x) -> bool:

@@ -97,7 +97,8 @@ def test_the_paper_profile_lists_only_prices_it_assumes_differently():
     from sim.predictor import load_profile_table
 
     table = load_profile_table("paper")
-    assert table["price"] == {"a100-pcie": 9200.0}
+    assert set(table["price"]) == {"a100-pcie"}                 # fitted by hawk calibrate
+    assert 8000.0 <= table["price"]["a100-pcie"] <= 15000.0    # inside the quoted range
     assert catalog.device("a100-pcie").price_usd == 10000.0
     for dev, spec in catalog.devices().items():
         assert device_price(table, dev) == table["price"].get(dev, spec.price_usd)

@@ -90,17 +90,25 @@ def test_measured_ttft_tpot_match_the_server_delays(api):
     assert (result.client["server_prompt_tokens"] == 100).all()
 
 
-def test_keeps_an_open_loop_schedule_at_200_per_second(fast_server):
-    rate, seconds = 200.0, 3.0
+def test_keeps_an_open_loop_schedule_at_200_per_second():
+    """Sends follow the trace, not the responses: at 200 req/s against a server that takes
+    about 1 s per request, some 200 requests are in flight at once. A client that waited for
+    answers, or capped its connections (aiohttp's default is 100), would fall seconds behind
+    and keep falling; an open-loop one lags only by scheduling noise, which a loaded machine
+    stretches to tens of milliseconds, and that lag does not build up over the run."""
+    rate, seconds = 200.0, 2.0
     arrivals = np.arange(int(rate * seconds)) / rate
-    result = replay(make_trace(arrivals, output=8), ReplayConfig(fast_server, timeout_s=10))
+    with stub_server(ttft_s=1.0, tpot_s=0.01) as url:
+        result = replay(make_trace(arrivals, output=8), ReplayConfig(url, timeout_s=30))
     summary = result.summary(2.0, 0.2)
     assert summary["statuses"] == {"ok": len(arrivals)}
-    assert summary["send_lag_p99_s"] < 0.05, summary
-    assert summary["send_lag_max_s"] < 0.2, summary
     sent = result.client["sent_at"].to_numpy()
     assert np.all(sent >= arrivals - 1e-3)                      # never early
-    assert summary["tpot_p50_s"] == pytest.approx(0.005, abs=0.002)
+    lag = result.client["send_lag_s"].to_numpy()
+    assert lag.max() < 0.75, summary                            # a 100-connection cap: > 2 s
+    tail, head = np.median(lag[-100:]), np.median(lag[:100])
+    assert tail < head + 0.25, (head, tail)                     # no build-up over the run
+    assert summary["ttft_p50_s"] == pytest.approx(1.0, abs=0.5)   # the answers really were slow
 
 
 def test_sends_do_not_wait_for_responses():

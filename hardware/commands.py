@@ -21,24 +21,17 @@ def _sizes(text: str) -> list[float]:
     return sorted(sizes)
 
 
-def _repeats(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"repeats {text!r}: a whole number >= 1") from e
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"repeats {n}: need >= 1 to take a median")
-    return n
-
-
-def _layers(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"num-layers {text!r}: a whole number >= 1") from e
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"num-layers {n}: need >= 1")
-    return n
+def _whole(flag: str, why: str = ""):
+    """An argparse type for ``flag``: a whole number >= 1, refused by the flag's name."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: a whole number >= 1") from e
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {n}: need >= 1{why}")
+        return n
+    return parse
 
 
 def _seconds(text: str) -> float:
@@ -183,19 +176,21 @@ def cmd_run(args) -> int:
 
 def _serving_args(p) -> None:
     from hardware.mechanisms import MECHANISMS
-    p.add_argument("--num-prefill", type=_layers, default=1, help="prefill workers (default 1)")
-    p.add_argument("--num-decode", type=_layers, default=1, help="decode workers (default 1)")
+    p.add_argument("--num-prefill", type=_whole("--num-prefill"), default=1,
+                   help="prefill workers (default 1)")
+    p.add_argument("--num-decode", type=_whole("--num-decode"), default=1,
+                   help="decode workers (default 1)")
     p.add_argument("--mechanism", choices=MECHANISMS, default="GN-HAWK")
     p.add_argument("--kv-dtype", choices=("bfloat8_b", "bfloat16"), default="bfloat8_b",
                    help="decode side's NPU tile format (GN mechanisms)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--model", help="Hugging Face-format directory (default: seeded tiny Llama)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--decode-tokens", type=_layers, default=16384,
+    p.add_argument("--decode-tokens", type=_whole("--decode-tokens"), default=16384,
                    help="KV capacity of each decode worker, tokens")
     p.add_argument("--send-buffer-mb", type=float, default=16.0,
                    help="each prefill worker's send buffer (back-pressure when full)")
-    p.add_argument("--max-batch-tokens", type=_layers, default=2048,
+    p.add_argument("--max-batch-tokens", type=_whole("--max-batch-tokens"), default=2048,
                    help="prefill token budget per batch")
     p.add_argument("--cpu-prefill", dest="cuda_prefill", action="store_false", default=None,
                    help="run prefill on the CPU even where CUDA is present")
@@ -213,12 +208,13 @@ def register(subparsers) -> None:
         help="comma-separated KV sizes in MB (default 10..1280, doubling)")
     p.add_argument("--mechanisms", type=_mechanisms, default=list(MECHANISMS),
                    help=f"comma-separated subset of {', '.join(MECHANISMS)}")
-    p.add_argument("--repeats", type=_repeats, default=3, help="median of this many (default 3)")
+    p.add_argument("--repeats", type=_whole("--repeats", " to take a median"), default=3,
+                   help="median of this many (default 3)")
     p.add_argument("--transport", choices=("mooncake",), default="mooncake",
                    help="transport between the processes (Mooncake over TCP here)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the prefill side's cache and transformation live")
-    p.add_argument("--num-layers", type=_layers, default=4,
+    p.add_argument("--num-layers", type=_whole("--num-layers"), default=4,
                    help="layers of the synthetic request (size is split over them)")
     p.add_argument("--start-timeout", dest="start_timeout_s", type=_seconds,
                    default=START_TIMEOUT_S,
@@ -238,10 +234,10 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="trace file (any format hawk replay reads)")
     src.add_argument("--workload", choices=sorted(WORKLOADS))
-    p.add_argument("--num-requests", type=_layers, default=50)
+    p.add_argument("--num-requests", type=_whole("--num-requests"), default=50)
     p.add_argument("--rate", type=float, default=0.5,
                    help="requests/s for --workload (default 0.5, as hawk simulate)")
-    p.add_argument("--context", type=_layers, default=512,
+    p.add_argument("--context", type=_whole("--context"), default=512,
                    help="tokens a request may hold; longer traces are scaled down to fit")
     p.add_argument("--ttft-slo", type=float)
     p.add_argument("--tpot-slo", type=float)

@@ -1,5 +1,6 @@
 """The capacity-planning notebook executes end to end (quick settings), its decode options
-reach knees that differ where their hardware does, and it says what binds each."""
+reach knees that differ where their hardware does, it says what binds each, plans the cheapest
+cluster for a load and compares two policies on a bursty multi-customer workload."""
 
 from pathlib import Path
 
@@ -20,6 +21,11 @@ def test_capacity_planning_notebook_runs(tmp_path):
     assert "p150a" in knees and "A100" in knees
     binds = code[2]["outputs"][0]["data"]["text/plain"]
     assert "binds" in binds and "slo_missed_past_knee" in binds
+    text = ["".join(o.get("text", "") for o in c["outputs"]) for c in code]
+    assert any("cheapest" in t for t in text), "hawk plan names a cheapest configuration"
+    compared = next(t for t in text if "verdict:" in t)
+    assert "ttft_p90_s[quiet-1,quiet-2,quiet-3]" in compared
+    assert (tmp_path / "plan.png").is_file() and (tmp_path / "compare").is_dir()
 
 
 def test_decode_options_differ_where_hardware_does_and_binding_is_named():

@@ -1,6 +1,7 @@
 """Replay client against a real streaming server in a subprocess: timing, schedule, failures."""
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -109,6 +110,15 @@ def test_keeps_an_open_loop_schedule_at_200_per_second():
     tail, head = np.median(lag[-100:]), np.median(lag[:100])
     assert tail < head + 0.25, (head, tail)                     # no build-up over the run
     assert summary["ttft_p50_s"] == pytest.approx(1.0, abs=0.5)   # the answers really were slow
+
+
+def test_summary_is_broken_down_per_tenant(fast_server):
+    trace = dataclasses.replace(make_trace(np.arange(6) * 0.01, output=4),
+                                tenant=np.array(["a", "b", "a", "b", "a", "a"], dtype=object))
+    result = replay(trace, ReplayConfig(fast_server, timeout_s=10))
+    assert list(result.records["tenant"]) == ["a", "b", "a", "b", "a", "a"]
+    tenants = result.summary(2.0, 0.2)["tenants"]
+    assert {k: v["num_requests"] for k, v in tenants.items()} == {"a": 4, "b": 2}
 
 
 def test_sends_do_not_wait_for_responses():

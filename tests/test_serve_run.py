@@ -1,5 +1,6 @@
 """``hawk real run``'s record building (pure) and its Ctrl-C: what finished is written."""
 
+import dataclasses
 import json
 import math
 import os
@@ -48,6 +49,15 @@ def test_lengths_scale_by_one_factor_to_fit_the_context():
     assert scale == 0.5
     assert list(fitted.num_prompt_tokens) == [500, 5] and list(fitted.num_output_tokens) == [12, 1]
     assert fit_to_context(fitted, 512) == (fitted, 1.0)
+
+
+def test_tenants_survive_scaling_and_reach_the_records():
+    trace = dataclasses.replace(Trace.from_columns([0.0, 1.0], [1000, 10], [24, 3]),
+                                tenant=np.array(["a", "b"], dtype=object))
+    fitted, _ = fit_to_context(trace, 512)
+    assert list(fitted.tenant) == ["a", "b"]
+    frame = build_records(fitted, [[1] * 500, [2] * 5], [], 0.0, client_status=None)
+    assert list(frame["tenant"]) == ["a", "b"]
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGINT"), reason="needs SIGINT")

@@ -64,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
+from traces.jsonout import dumps
 from traces.prompts import PromptMaker, PromptSpec
 from traces.schema import Status, records_frame
 from traces.trace import Trace
@@ -194,7 +195,7 @@ class ReplayResult:
         self.itl.to_parquet(out_dir / "itl.parquet", index=False)
         self.client.to_parquet(out_dir / "client.parquet", index=False)
         summary = self.summary(ttft_slo_s, tpot_slo_s)
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        (out_dir / "summary.json").write_text(dumps(summary, indent=2, sort_keys=True) + "\n")
         return summary
 
 
@@ -385,7 +386,7 @@ def _result(trace: Trace, progress: list[_Progress], endpoint: str) -> ReplayRes
     n = len(trace)
     nan = np.full(n, math.nan)
     records = records_frame({
-        "request_id": trace.request_id, "arrival_at": trace.arrival_at,
+        "request_id": trace.request_id, "arrival_at": trace.arrival_at, "tenant": trace.tenant,
         "num_prompt_tokens": trace.num_prompt_tokens,
         "num_output_tokens": trace.num_output_tokens,
         "status": [p.status.value for p in progress],

@@ -20,6 +20,7 @@ def replay_summary(result, ttft_slo_s: float, tpot_slo_s: float) -> dict:
     """A flat dict, JSON-ready (NaN becomes None)."""
     from traces.metrics import percentiles, summarize
     from traces.schema import Status
+    from traces.tenants import by_tenant
 
     records, client = result.records, result.client
     out = summarize(records, ttft_slo_s, tpot_slo_s)
@@ -37,6 +38,9 @@ def replay_summary(result, ttft_slo_s: float, tpot_slo_s: float) -> dict:
                                         .items()))
     out["num_usage_mismatch"] = int(client["usage_mismatch"].sum())
     out.update(_server_numbers(records, client, ok))
+    tenants = by_tenant(records, ttft_slo_s, tpot_slo_s)
+    if tenants is not None:
+        out["tenants"] = tenants
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 

@@ -21,7 +21,7 @@ board power of the device it stands for (idle power not counted).
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import math
 import sys
 import threading
@@ -33,6 +33,7 @@ import numpy as np
 
 from hardware.serve.cluster import ClusterConfig, LocalCluster
 from hardware.serve.router import prompt_key
+from traces.jsonout import dumps
 from traces.prompts import PromptMaker, PromptSpec
 from traces.schema import Status, records_frame
 from traces.trace import Trace
@@ -60,8 +61,7 @@ def fit_to_context(trace: Trace, context_tokens: int) -> tuple[Trace, float]:
         return trace, 1.0
     prompt = np.maximum(1, np.floor(trace.num_prompt_tokens * scale)).astype(np.int64)
     output = np.maximum(1, np.floor(trace.num_output_tokens * scale)).astype(np.int64)
-    return Trace.from_columns(trace.arrival_at, prompt, output, trace.request_id,
-                              name=trace.name), scale
+    return dataclasses.replace(trace, num_prompt_tokens=prompt, num_output_tokens=output), scale
 
 
 class EnergyMeter:
@@ -134,7 +134,7 @@ def build_records(trace: Trace, prompts: list[list[int]], log: list[dict], t0: f
             cols["arrival_at"][-1] = float(trace.arrival_at[i])
         cols["num_generated_tokens"].append(int(e.get("num_generated_tokens", 0)))
         cols["kv_bytes"].append(int(e.get("kv_bytes", 0)))
-    return records_frame({"request_id": trace.request_id,
+    return records_frame({"request_id": trace.request_id, "tenant": trace.tenant,
                           "num_prompt_tokens": trace.num_prompt_tokens,
                           "num_output_tokens": trace.num_output_tokens, **cols})
 
@@ -165,6 +165,7 @@ def real_run(trace: Trace, config: RealRunConfig, out: Path | None = None) -> di
     import aiohttp  # noqa: F401  (imported before the replay's clock starts)
 
     from traces.metrics import summarize
+    from traces.tenants import by_tenant
     from traces.replay import ReplayConfig, replay_async
     from hardware.model.config import tiny_config
 
@@ -202,6 +203,9 @@ def real_run(trace: Trace, config: RealRunConfig, out: Path | None = None) -> di
     client = None if result is None else list(result.records["status"])
     frame = build_records(trace, prompts, log, t0, client)
     summary = summarize(frame, config.ttft_slo_s, config.tpot_slo_s)
+    tenants = by_tenant(frame, config.ttft_slo_s, config.tpot_slo_s)
+    if tenants is not None:
+        summary["tenants"] = tenants
     energy = (estimated_energy(workers, config.prefill_device, config.decode_device)
               if joules is None else {"energy_j": joules, "power_source": meter.source})
     span = float(np.nanmax(frame["finished_at"])) if len(frame) else 0.0
@@ -216,6 +220,6 @@ def real_run(trace: Trace, config: RealRunConfig, out: Path | None = None) -> di
         from traces.schema import write_records
         out.mkdir(parents=True, exist_ok=True)
         write_records(frame, out / "records.parquet")
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True,
-                                                     default=str) + "\n")
+        (out / "summary.json").write_text(dumps(summary, indent=2, sort_keys=True,
+                                                default=str) + "\n")
     return summary

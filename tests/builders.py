@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
 import numpy as np
 
 from sim.config import RunConfig
@@ -55,3 +60,19 @@ def queue_cluster(prefill_service_per_token: float = 0.0, prefill_fixed_s: float
                                         prefill_fixed_s + prefill_service_per_token * top],
                              [1, 1000], [0, 1e9], [[1e-9, 1e-9], [1e-9, 1e-9]])
     return config, {"predictors": (prefill, prefill), "pricing": FreeTransfer()}
+
+
+@contextmanager
+def run_stub_server(*flags: str, ttft_s: float = 0.02, tpot_s: float = 0.005):
+    """Start ``traces.stub_server`` with ``flags`` in its own process; yield its base URL."""
+    command = [sys.executable, "-m", "traces.stub_server", "--ttft", str(ttft_s),
+               "--tpot", str(tpot_s), *flags]
+    proc = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), f"stub server did not start: {line!r}"
+        yield line.split()[-1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

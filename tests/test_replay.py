@@ -3,10 +3,6 @@
 import argparse
 import dataclasses
 import json
-import subprocess
-import sys
-from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,26 +13,15 @@ from traces.prompts import PromptSpec  # noqa: E402
 from traces.replay import ReplayConfig, replay, request_body  # noqa: E402
 from traces.schema import Status, read_records  # noqa: E402
 from traces.trace import Trace  # noqa: E402
+from tests.builders import run_stub_server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 FAIL, HANG, GARBAGE = 13, 17, 19   # output lengths the stand-in server refuses / never
                                    # answers / answers with a non-object JSON event
 
 
-@contextmanager
 def stub_server(ttft_s: float, tpot_s: float):
-    """Start ``traces.stub_server`` in its own process; yield its base URL."""
-    command = [sys.executable, "-m", "traces.stub_server", "--ttft", str(ttft_s),
-               "--tpot", str(tpot_s), "--fail-lengths", str(FAIL), "--hang-lengths", str(HANG),
-               "--garbage-lengths", str(GARBAGE)]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), f"stub server did not start: {line!r}"
-        yield line.split()[-1]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    return run_stub_server("--fail-lengths", str(FAIL), "--hang-lengths", str(HANG),
+                           "--garbage-lengths", str(GARBAGE), ttft_s=ttft_s, tpot_s=tpot_s)
 
 
 def make_trace(arrivals, prompt=100, output=8) -> Trace:

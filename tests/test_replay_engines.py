@@ -10,11 +10,9 @@ tests run against the stand-in server, one subprocess per engine.
 
 import errno
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,25 +21,15 @@ import pytest
 from traces.prompts import PromptSpec
 from traces.replay import ReplayConfig, check_schedule, client_exhaustion
 from traces.trace import Trace
+from tests.builders import run_stub_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CUT, DROP, BAD_USAGE = 20, 22, 9   # output lengths the stand-in cuts / drops / miscounts
 
 
-@contextmanager
 def stub_server(*flags: str, ttft_s: float = 0.02, tpot_s: float = 0.005):
-    """Start ``traces.stub_server`` in its own process; yield its base URL."""
     pytest.importorskip("aiohttp", reason="the replay client needs aiohttp (extra 'replay')")
-    command = [sys.executable, "-m", "traces.stub_server", "--ttft", str(ttft_s),
-               "--tpot", str(tpot_s), *flags]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), f"stub server did not start: {line!r}"
-        yield line.split()[-1]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    return run_stub_server(*flags, ttft_s=ttft_s, tpot_s=tpot_s)
 
 
 @pytest.fixture(scope="module")

@@ -131,7 +131,9 @@ def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
     if "bottleneck" in summary:
         shares = " / ".join(f"{name} {_percent(summary[f'{name}_utilization'])}"
                             for name in ("prefill", "link", "decode"))
-        rows.append(("utilisation", f"{shares} (busiest: {summary['bottleneck']})"))
+        if "decode_occupancy" in summary:
+            shares += f" busy, {_percent(summary['decode_occupancy'])} of batch slots"
+        rows.append(("utilisation", f"{shares} (most loaded: {summary['bottleneck']})"))
     for stage, _, _ in metrics.TTFT_STAGES:
         mean, p90 = summary.get(f"ttft_{stage}_mean_s"), summary.get(f"ttft_{stage}_p90_s")
         if mean is not None:
@@ -247,12 +249,12 @@ def cmd_sweep(args) -> int:
         print(dumps(summary))
         return 0
     print(f"{'rate':>8} {'attainment':>11} {'P90 TTFT s':>11} {'P90 TPOT s':>11} {'tok/s':>9}"
-          f" {'prefill':>8} {'link':>5} {'decode':>7} {'failed':>7}")
+          f" {'prefill':>8} {'link':>5} {'slots':>7} {'failed':>7}")
     for r in summary["rows"]:
         print(f"{r['rate']:>8g} {100 * r['slo_attainment']:>10.1f}% {r['ttft_p90_s']:>11.3f} "
               f"{r['tpot_p90_s']:>11.4f} {r['output_tokens_per_s']:>9.1f} "
               f"{_percent(r['prefill_utilization']):>8} {_percent(r['link_utilization']):>5} "
-              f"{_percent(r['decode_utilization']):>7} {r['num_failed']:>7.1f}")
+              f"{_percent(r['decode_occupancy']):>7} {r['num_failed']:>7.1f}")
     print(describe_knee(summary))
     for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
         print(("failures over the sweep: " if k == 0 else " " * 24) + reason)

@@ -199,7 +199,9 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         "failed_transfer_attempts": decodes[0].faults.num_failed_attempts if faulty else 0,
         "in_system": samples,
     }
-    summary.update(metrics.utilization(stats, float(env.now)))
+    slots = config.cluster.decode.num_instances * config.cluster.decode.max_batch_size
+    occupancy = metrics.mean_in_decode(records, float(env.now)) / slots
+    summary.update(metrics.utilization(stats, float(env.now), occupancy))
     summary.update(_power_and_cost(stats, summary, config))
     summary["config"] = provenance(config)      # every resolved value and where it came from
     return RunResult(config, records, summary, stats)

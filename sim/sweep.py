@@ -24,7 +24,7 @@ from sim.config import ConfigError, RunConfig
 
 #: per-rate means over seeds kept in a sweep's rows
 ROW_MEANS = ("slo_attainment", "ttft_p90_s", "tpot_p90_s", "output_tokens_per_s", "num_failed",
-             "prefill_utilization", "link_utilization", "decode_utilization",
+             "prefill_utilization", "link_utilization", "decode_utilization", "decode_occupancy",
              *(f"ttft_{stage}_mean_s" for stage, _, _ in metrics.TTFT_STAGES))
 
 

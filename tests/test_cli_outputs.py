@@ -136,7 +136,7 @@ def test_simulate_says_what_limits_capacity(capsys):
     assert summary["ttft_prefill_mean_s"] > 0 and summary["ttft_transfer_mean_s"] > 0
     assert main(["simulate", "--num-requests", "200"]) == 0
     out = capsys.readouterr().out
-    assert "utilisation" in out and "busiest" in out
+    assert "utilisation" in out and "most loaded" in out and "of batch slots" in out
     assert "TTFT queue mean/P90" in out and "TTFT first decode mean/P90" in out
 
 
@@ -152,7 +152,7 @@ def test_sweep_says_when_the_knee_is_beyond_the_swept_range(capsys):
     assert main(["sweep", "--rates", "0.05,0.1", "--num-requests", "100", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "beyond the swept range" in out and "0.1 req/s" in out
-    assert "prefill" in out.splitlines()[0] and "decode" in out.splitlines()[0]
+    assert "prefill" in out.splitlines()[0] and "slots" in out.splitlines()[0]
     result = run_json(capsys, "sweep", "--rates", "0.05,0.1", "--num-requests", "100",
                       "--workers", "1", "--json")
     assert result["knee_beyond_range"] is True and result["knee_rate"] == 0.1

@@ -97,6 +97,17 @@ def test_utilization_and_the_busiest_resource():
                    "decode_utilization": 0.5, "bottleneck": "decode"}
 
 
+def test_decode_load_is_its_batch_slots_in_use_not_its_busy_time():
+    # two requests decode for 5 s each over a 10 s run: one in decode on average
+    frame = records_from_list([rec(0, first=1.0, done=6.0), rec(1, first=2.0, done=7.0),
+                               rec(2, Status.FAILED_TIMEOUT, first=None, done=3.0)])
+    assert metrics.mean_in_decode(frame, 10.0) == pytest.approx(1.0)
+    stats = {"prefill_busy_s": [4.0], "decode_busy_s": [10.0], "link_busy_s": 1.0}
+    out = metrics.utilization(stats, 10.0, decode_occupancy=1.0 / 4)   # 1 of 4 slots
+    assert out["decode_utilization"] == 1.0 and out["decode_occupancy"] == 0.25
+    assert out["bottleneck"] == "prefill"             # iterating all the time is not "full"
+
+
 def test_every_failure_status_has_a_reason():
     statuses = {s.value: 1 for s in Status}
     reasons = metrics.failure_reasons(statuses)

@@ -15,6 +15,10 @@ tokens delivered.
   decode side to pull it), transfer (transfer_end - transfer_start) and first decode step
   (f - transfer_end). The stages add up to TTFT, so their means add up to the mean TTFT.
 - Utilisation of a resource = its busy time / the simulated time, averaged over instances.
+- Decode occupancy = the time-averaged number of requests in decode (Little's law: the sum of
+  f_r..c_r spans over the run) / the decode batch slots (instances x max batch size). A decode
+  instance iterates whenever one request is in its batch, so occupancy, not busy time, says
+  how close it is to full; it is the decode side's load when naming the most loaded stage.
 
 Every function takes the records DataFrame of ``traces.schema`` and touches nothing else.
 """
@@ -145,16 +149,32 @@ def ttft_breakdown(frame) -> dict[str, float]:
     return out
 
 
-def utilization(stats: dict, span_s: float) -> dict:
+def mean_in_decode(frame, span_s: float) -> float:
+    """Time-averaged number of requests being decoded (Little's law): the summed decode spans,
+    first token to finish, of every request that had both, over ``span_s`` seconds."""
+    first = frame["first_token_at"].to_numpy(dtype=float)
+    done = frame["finished_at"].to_numpy(dtype=float)
+    spans = done - first
+    return float(np.nansum(spans)) / span_s if span_s > 0 else math.nan
+
+
+def utilization(stats: dict, span_s: float, decode_occupancy: float | None = None) -> dict:
     """Busy share of prefill, link and decode over ``span_s`` seconds (mean over instances),
-    and which of them is busiest: the one that limits capacity as the load grows."""
+    and which of them is most loaded: the one that limits capacity as the load grows.
+
+    A decode instance iterates whenever one request is in its batch, so its busy share nears
+    1 long before it runs out of room. ``decode_occupancy`` (the mean share of its batch slots
+    in use, ``mean_in_decode`` over the slots) is its load when given, and is reported too."""
     if not span_s > 0:
         return {"prefill_utilization": math.nan, "link_utilization": math.nan,
-                "decode_utilization": math.nan, "bottleneck": None}
+                "decode_utilization": math.nan, "decode_occupancy": math.nan,
+                "bottleneck": None}
     shares = {"prefill": float(np.mean(stats["prefill_busy_s"])) / span_s,
               "link": float(stats["link_busy_s"]) / span_s,
               "decode": float(np.mean(stats["decode_busy_s"])) / span_s}
     out = {f"{name}_utilization": share for name, share in shares.items()}
+    if decode_occupancy is not None:
+        out["decode_occupancy"] = shares["decode"] = decode_occupancy
     out["bottleneck"] = max(shares, key=shares.get)
     return out
 

@@ -56,6 +56,20 @@ def new_token() -> str:
     return secrets.token_hex(16)
 
 
+#: the environment variable that hands a run's token to the processes it starts
+TOKEN_ENV = "HAWK_RUN_TOKEN"
+
+
+def token_from_env() -> str:
+    """The run token from ``TOKEN_ENV``, checked as ``check_token`` checks it."""
+    token = os.environ.get(TOKEN_ENV, "")
+    try:
+        check_token(token)
+    except ValueError as e:
+        raise ValueError(f"set {TOKEN_ENV} to the run token: {e}") from None
+    return token
+
+
 def check_token(token) -> bytes:
     """The token's bytes; ``ValueError`` unless it is a printable ASCII secret that long."""
     if not isinstance(token, str) or len(token) < MIN_TOKEN or not token.isascii() \

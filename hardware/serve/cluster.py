@@ -21,9 +21,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from hardware.wire import new_token
+from hardware.wire import TOKEN_ENV, new_token
 
-TOKEN_ENV = "HAWK_RUN_TOKEN"
 
 
 class ClusterError(RuntimeError):

@@ -27,16 +27,15 @@ import hashlib
 import hmac
 import itertools
 import json
-import os
 import struct
 import sys
 import time
 from dataclasses import dataclass, field
 
+from hardware.wire import token_from_env
 from policies import resolve
 from policies.routing import ROUTING
 
-TOKEN_ENV = "HAWK_RUN_TOKEN"
 LOST = "failed_instance_lost"       # traces.schema.Status, as the simulator's faults name it
 MAX_FRAME = 64 << 20
 
@@ -325,9 +324,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hawk real router", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
-    token = os.environ.get(TOKEN_ENV, "")
-    if len(token) < 16:
-        print(f"router: set {TOKEN_ENV} to the run token (16+ characters)", file=sys.stderr)
+    try:
+        token = token_from_env()
+    except ValueError as e:
+        print(f"router: {e}", file=sys.stderr)
         return 2
     try:
         asyncio.run(serve(args, token))

@@ -32,9 +32,8 @@ import sys
 import threading
 import time
 
-from hardware.wire import recv_msg, send_msg
+from hardware.wire import recv_msg, send_msg, token_from_env
 
-TOKEN_ENV = "HAWK_RUN_TOKEN"
 RETRY_S = 0.02
 
 
@@ -290,9 +289,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hawk real worker", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
-    token = os.environ.get(TOKEN_ENV, "")
-    if len(token) < 16:
-        print(f"worker: set {TOKEN_ENV} to the run token (16+ characters)", file=sys.stderr)
+    try:
+        token = token_from_env()
+    except ValueError as e:
+        print(f"worker: {e}", file=sys.stderr)
         return 2
     try:
         (run_prefill if args.role == "prefill" else run_decode)(args, token)

@@ -39,13 +39,7 @@ def oracle(path) -> LlamaForCausalLM:
     return hf
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A model this small runs fastest on one thread, and far slower on a busy machine's many."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,7 @@ PROMPT_LENS = (5, 40, 17, 64, 3)
 MAX_NEW = (9, 20, 1, 13, 30)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model runs fastest on one thread (many threads fight on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

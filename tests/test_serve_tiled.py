@@ -22,13 +22,7 @@ def make_spec(dtype="bfloat8_b", num_blocks=12, layers=2, heads=2, head_dim=64, 
     return TTKVSpec(layers, num_blocks, heads, head_dim, dram, dtype=dtype)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model runs fastest on one thread (many threads fight on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

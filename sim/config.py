@@ -374,6 +374,41 @@ def _pairs(name: str, value, first: str, second: str, integer_first: bool) -> tu
     return tuple(out)
 
 
+#: how a cell's instances follow from [cluster] (``CellsConfig.instances``)
+CELL_INSTANCES = ("split", "per-cell")
+
+
+@dataclass(frozen=True)
+class CellsConfig:
+    """The cluster as ``count`` independent cells, router domains each with its own prefill
+    and decode instances (``sim.cells``); one cell by default. ``instances = "split"``:
+    [cluster]'s instance counts are the whole cluster's, divided evenly among the cells (each
+    must be a multiple of ``count``); ``"per-cell"``: every cell has [cluster]'s instances.
+    The workload is always the whole service's, split across the cells by request id."""
+
+    count: int = 1
+    instances: str = "split"
+
+    def __post_init__(self) -> None:
+        _check_range("cells", "count", self.count, 1, 4096, integer=True)
+        _check_choice("cells", "instances", self.instances, CELL_INSTANCES)
+
+
+def _check_cells(config: "RunConfig") -> None:
+    """With ``instances = "split"`` every cell gets an equal share of each phase's instances."""
+    cells = config.cells
+    if cells.instances != "split":
+        return
+    for role in ("prefill", "decode"):
+        n = getattr(config.cluster, role).num_instances
+        if n % cells.count:
+            raise ConfigError(
+                f"cells.count = {cells.count} does not divide cluster.{role}.num_instances = "
+                f"{n}: with cells.instances = \"split\" each cell gets an equal share of the "
+                f"cluster's instances; give a multiple of {cells.count} instances per phase, or "
+                f"set cells.instances = \"per-cell\" to give every cell [cluster]'s instances")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -381,9 +416,11 @@ class RunConfig:
     slo: SloConfig = field(default_factory=SloConfig)
     seed: int = 0
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    cells: CellsConfig = field(default_factory=CellsConfig)
 
     def __post_init__(self) -> None:
         _check_range("run", "seed", self.seed, 0, 2**63 - 1, integer=True)
+        _check_cells(self)
 
     def replace(self, **changes: Any) -> "RunConfig":
         """A copy with dotted-path changes, e.g. ``replace(**{"workload.rate": 0.7})``.
@@ -510,8 +547,10 @@ def from_dict(data: dict) -> RunConfig:
     cluster["link"] = _build(LinkConfig, cluster.get("link", {}), "cluster.link")
     cluster["policies"] = _build(PolicyConfig, cluster.get("policies", {}), "cluster.policies")
     config = RunConfig(**{
-        **{k: v for k, v in top.items() if k not in ("cluster", "workload", "slo", "faults")},
+        **{k: v for k, v in top.items()
+           if k not in ("cluster", "workload", "slo", "faults", "cells")},
         "faults": _build(FaultsConfig, top.get("faults", {}), "faults"),
+        "cells": _build(CellsConfig, top.get("cells", {}), "cells"),
         "cluster": ClusterConfig(**cluster),
         "workload": _build(WorkloadConfig, top.get("workload", {}), "workload"),
         "slo": _build(SloConfig, top.get("slo", {}), "slo"),
@@ -522,7 +561,8 @@ def from_dict(data: dict) -> RunConfig:
 
 def load_config(path: str | Path) -> RunConfig:
     """Read a TOML file: top-level ``seed`` and tables ``[cluster]``, ``[cluster.prefill]``,
-    ``[cluster.decode]``, ``[cluster.link]``, ``[workload]``, ``[slo]``, ``[faults]``."""
+    ``[cluster.decode]``, ``[cluster.link]``, ``[workload]``, ``[slo]``, ``[faults]``,
+    ``[cells]``."""
     path = Path(path)
     try:
         with path.open("rb") as f:

@@ -1,0 +1,153 @@
+"""``hawk validate``: pairing by id, error math, stage blame, strict JSON, bad inputs, and the
+command end to end on a tiny trace."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim import validate as val
+
+STAGE_S = {"queue": 0.01, "prefill": 0.02, "transfer_wait": 0.005, "transfer": 0.015,
+           "first_decode": 0.01}
+
+
+def make_records(n=10, stages=None, decode_s=0.5, num_tokens=11, status="ok", gap_s=1.0):
+    """Records of ``n`` requests ``gap_s`` apart, each spending ``stages`` seconds per TTFT
+    stage (``STAGE_S`` by default) and ``decode_s`` from first token to finish."""
+    stages = {**STAGE_S, **(stages or {})}
+    arrival = np.arange(n, dtype=float) * gap_s
+    cols = {"arrival_at": arrival}
+    t = arrival.copy()
+    for (stage, _, end) in val.TTFT_STAGES:
+        t = t + np.broadcast_to(np.asarray(stages[stage], dtype=float), (n,))
+        cols[end] = t
+    cols["finished_at"] = t + np.broadcast_to(np.asarray(decode_s, dtype=float), (n,))
+    return pd.DataFrame({"request_id": np.arange(n, dtype=np.int64),
+                         "num_prompt_tokens": 100, "num_output_tokens": num_tokens,
+                         "status": status, "prefill_instance": 0, "decode_instance": 0,
+                         **cols, "num_generated_tokens": num_tokens, "kv_bytes": 1000})
+
+
+def test_pairing_is_by_id_whatever_the_row_order_and_reports_missing_ids():
+    real = make_records(6)
+    sim = make_records(6, stages={"prefill": 0.03})
+    shuffled = sim.sample(frac=1.0, random_state=3)
+    assert list(shuffled["request_id"]) != sorted(shuffled["request_id"])
+    pairing = val.pair_records(real.drop(index=[4]), shuffled.drop(index=[1, 2]))
+    frame = pairing.frame
+    assert list(frame["request_id"]) == [0, 3, 5]
+    assert pairing.only_real == (1, 2) and pairing.only_sim == (4,)
+    assert "only in the real run (1, 2)" in pairing.describe()
+    assert "only in the simulated run (4)" in pairing.describe()
+    assert list(frame.columns) == val.paired_columns()
+    np.testing.assert_allclose(frame["prefill_time_real"], 0.02)
+    np.testing.assert_allclose(frame["prefill_time_sim"], 0.03)
+    np.testing.assert_allclose(frame["prefill_time_diff"], 0.01)
+    # every later instant moved by the extra 10 ms of prefill, the arrival did not
+    np.testing.assert_allclose(frame["arrival_at_diff"], 0.0)
+    np.testing.assert_allclose(frame["finished_at_diff"], 0.01)
+
+
+def test_pairing_refuses_repeated_ids_and_different_lengths():
+    real = make_records(3)
+    with pytest.raises(ValueError, match=r"sim records repeat request id\(s\) \[1\]"):
+        val.pair_records(real, pd.concat([real, real.iloc[[1]]]))
+    other = real.assign(num_prompt_tokens=[100, 100, 70])
+    with pytest.raises(ValueError, match="request 2: num_prompt_tokens is 100 in the real run "
+                                         "but 70 in the simulated one"):
+        val.pair_records(real, other)
+
+
+def test_relative_errors_and_attainment_points_on_hand_made_records():
+    real = make_records(10, decode_s=0.5)
+    # sim: TTFT 20% longer (every stage 1.2x), decode 10% shorter: TPOT -10%
+    sim = make_records(10, stages={k: 1.2 * v for k, v in STAGE_S.items()}, decode_s=0.45)
+    result, _ = val.judge(real, sim, ttft_slo_s=1.0, tpot_slo_s=1.0)
+    rows = {r["metric"]: r for r in result["errors"]}
+    assert rows["ttft_p50_s"]["real"] == pytest.approx(0.06)
+    assert rows["ttft_p50_s"]["error"] == pytest.approx(0.2)
+    assert rows["ttft_p90_s"]["error"] == pytest.approx(0.2)
+    assert rows["tpot_p50_s"]["error"] == pytest.approx(-0.1)
+    assert rows["e2e_p50_s"]["error"] == pytest.approx((0.072 + 0.45) / (0.06 + 0.5) - 1)
+    assert rows["ttft_p50_s"]["met"] is False and rows["tpot_p50_s"]["met"] is True
+    assert rows["slo_attainment"]["error"] == 0.0 and rows["slo_attainment"]["met"] is True
+    # a TTFT SLO between the two: real meets it everywhere, sim nowhere: -100 points
+    result, _ = val.judge(real, sim, ttft_slo_s=0.065, tpot_slo_s=1.0)
+    rows = {r["metric"]: r for r in result["errors"]}
+    assert rows["slo_attainment"]["error"] == pytest.approx(-100.0)
+    # three of ten real requests failed: attainment 70% vs 100%, +30 points
+    failed = real.assign(status=["ok"] * 7 + ["failed_transfer"] * 3)
+    result, _ = val.judge(failed, sim, ttft_slo_s=1.0, tpot_slo_s=1.0)
+    rows = {r["metric"]: r for r in result["errors"]}
+    assert rows["slo_attainment"]["error"] == pytest.approx(30.0)
+    assert result["statuses"]["real"] == {"ok": 7, "failed_transfer": 3}
+
+
+def test_goal_is_inclusive_and_an_undefined_error_is_neither_met_nor_missed():
+    rows = val.metric_errors({"ttft_p50_s": 1.0, "slo_attainment": 0.9},
+                             {"ttft_p50_s": 1.1, "slo_attainment": 0.93}, val.Goals())
+    rows = {r["metric"]: r for r in rows}
+    assert rows["ttft_p50_s"]["met"] is True and rows["slo_attainment"]["met"] is True
+    assert rows["tpot_p50_s"]["met"] is None and math.isnan(rows["tpot_p50_s"]["error"])
+    with pytest.raises(ValueError, match="goals: relative -1"):
+        val.Goals(relative=-1)
+
+
+@pytest.mark.parametrize("stage", ["queue", "prefill", "transfer_wait", "transfer",
+                                   "first_decode"])
+def test_blame_picks_the_ttft_stage_that_was_perturbed(stage):
+    rng = np.random.default_rng(7)
+    n = 40
+    base = {s: v * (1 + 0.02 * rng.standard_normal(n)) for s, v in STAGE_S.items()}
+    real = make_records(n, stages=base)
+    wrong = {**base, stage: base[stage] + 0.02}       # 20 ms more in one stage only
+    sim = make_records(n, stages={s: v * (1 + 0.002 * rng.standard_normal(n))
+                                  for s, v in wrong.items()})
+    result, pairing = val.judge(real, sim, ttft_slo_s=10.0, tpot_slo_s=10.0)
+    rows = {r["metric"]: r for r in result["errors"]}
+    assert rows["ttft_p50_s"]["met"] is False
+    assert rows["ttft_p50_s"]["blame"] == {"stage": stage, "component": val.COMPONENTS[stage]}
+    assert "blame" not in rows["tpot_p50_s"]          # decode was not touched: met
+    found = val.blame(pairing, "ttft_p50_s")
+    assert found["stage_error_s"][stage] == pytest.approx(0.02, abs=2e-3)
+    # the stage means add up to the mean TTFT error
+    ttft_real = real["first_token_at"] - real["arrival_at"]
+    ttft_sim = sim["first_token_at"] - sim["arrival_at"]
+    assert sum(found["stage_error_s"].values()) == pytest.approx((ttft_sim - ttft_real).mean())
+
+
+def test_a_slow_decode_model_is_blamed_on_decode_for_tpot_and_e2e():
+    real = make_records(10, decode_s=0.5)
+    sim = make_records(10, decode_s=0.7)
+    result, _ = val.judge(real, sim, ttft_slo_s=10.0, tpot_slo_s=10.0)
+    rows = {r["metric"]: r for r in result["errors"]}
+    for name in ("tpot_p50_s", "tpot_p90_s", "e2e_p50_s"):
+        assert rows[name]["blame"] == {"stage": "decode", "component": "decode"}, name
+    assert rows["ttft_p50_s"]["met"] is True
+    assert "MISS (decode: decode)" in val.format_errors(result)
+
+
+def test_blame_ignores_requests_that_failed_on_either_side():
+    real = make_records(4)
+    sim = make_records(4, stages={"transfer": [0.015, 0.015, 0.015, 9.0]})
+    sim.loc[3, "status"] = "failed_transfer"
+    assert val.stage_differences(val.pair_records(real, sim))["transfer"] == pytest.approx(0.0)
+
+
+def test_result_is_strict_json_even_when_nothing_finished():
+    from traces.jsonout import dumps
+
+    real = make_records(3)
+    sim = make_records(3, status="failed_transfer")
+    result, _ = val.judge(real, sim, ttft_slo_s=1.0, tpot_slo_s=1.0)
+    text = dumps(result)
+
+    def refuse(token):
+        raise AssertionError(f"non-JSON constant {token}")
+    data = json.loads(text, parse_constant=refuse)
+    rows = {r["metric"]: r for r in data["errors"]}
+    assert rows["ttft_p50_s"]["sim"] is None and rows["ttft_p50_s"]["met"] is None
+    assert rows["slo_attainment"]["error"] == pytest.approx(-100.0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,25 +76,62 @@ def run_parallel(fn, jobs: list, workers: int | None = None, progress: bool = Tr
     cluster of ``workers`` CPUs, anything else is the address of a running one). ``fn`` must be
     a module-level function and every job deterministic, so the results are the same whichever
     runs them (tested). A progress bar counts finished jobs on stderr."""
-    if ray_address is not None:
-        return _run_ray(fn, jobs, workers, ray_address, progress, desc)
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    bar = _progress(len(jobs), progress, desc)
-    results = []
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            results.append(fn(job))
-            bar.update()
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for result in pool.map(fn, jobs):
-                results.append(result)
-                bar.update()
-    bar.close()
+    results = [None] * len(jobs)
+    for k, result in iter_parallel(fn, jobs, workers, progress, ray_address, desc):
+        results[k] = result
     return results
 
 
-def _run_ray(fn, jobs, workers: int | None, address: str, progress: bool, desc: str) -> list:
+def iter_parallel(fn, jobs: list, workers: int | None = None, progress: bool = True,
+                  ray_address: str | None = None, desc: str = "runs"):
+    """``(k, fn(jobs[k]))`` for every job as it finishes, on the backends of ``run_parallel``
+    (in job order when run in this process). A caller that keeps only part of each result
+    holds no more than that. An error, or leaving the loop early, cancels the jobs not yet
+    started (those already running on a pool are waited for)."""
+    if ray_address is not None:
+        yield from _iter_ray(fn, jobs, workers, ray_address, progress, desc)
+        return
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    bar = _progress(len(jobs), progress, desc)
+    try:
+        if workers <= 1 or len(jobs) <= 1:
+            for k, job in enumerate(jobs):
+                yield k, fn(job)
+                bar.update()
+            return
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(fn, job): k for k, job in enumerate(jobs)}
+            try:
+                for future in as_completed(futures):
+                    yield futures.pop(future), future.result()
+                    bar.update()
+            finally:
+                pool.shutdown(cancel_futures=True)
+    finally:
+        bar.close()
+
+
+def _iter_ray(fn, jobs, workers: int | None, address: str, progress: bool, desc: str):
+    ray = _ray_init(workers, address)
+    remote = ray.remote(fn)
+    refs = {remote.remote(job): k for k, job in enumerate(jobs)}
+    bar = _progress(len(refs), progress, desc)
+    pending = list(refs)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                yield refs.pop(ref), ray.get(ref)
+                bar.update()
+    finally:
+        for ref in pending:
+            ray.cancel(ref)
+        bar.close()
+
+
+def _ray_init(workers: int | None, address: str):
+    """The ``ray`` module, connected: to a local cluster of ``workers`` CPUs (``"local"``) or
+    to the running one at ``address``."""
     try:
         import ray
     except ImportError as exc:
@@ -114,15 +151,7 @@ def _run_ray(fn, jobs, workers: int | None, address: str, progress: bool, desc: 
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise ConfigError(f"--ray {address}: cannot reach a Ray cluster there "
                                   f"({exc})") from None
-    remote = ray.remote(fn)
-    refs = [remote.remote(job) for job in jobs]
-    bar = _progress(len(refs), progress, desc)
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        bar.update(len(done))
-    bar.close()
-    return ray.get(refs)
+    return ray
 
 
 def _progress(total: int, enabled: bool, desc: str = "sweep"):

@@ -23,7 +23,8 @@ from sim.transfer import MECHANISMS
 from traces.jsonout import dumps, writable_dir, writable_file
 from traces.workloads import WORKLOADS
 
-EXTRA_COMMANDS = ("traces.commands", "hardware.commands", "sim.paper_commands")
+EXTRA_COMMANDS = ("traces.commands", "hardware.commands", "sim.paper_commands",
+                  "sim.validate_run")
 
 
 def _config_from_args(args) -> RunConfig:
@@ -48,6 +49,10 @@ def _config_from_args(args) -> RunConfig:
         changes["cluster.link.mechanism"] = args.mechanism
     if getattr(args, "oracle", False):
         changes["cluster.fast_forward"] = False
+    if getattr(args, "cells", None) is not None:
+        changes["cells.count"] = args.cells
+    if getattr(args, "cell_instances", None) is not None:
+        changes["cells.instances"] = args.cell_instances
     changes.update(policy_changes(getattr(args, "policy", None) or []))
     return config.replace(**changes) if changes else config
 
@@ -159,6 +164,11 @@ def cmd_simulate(args) -> int:
     if args.out is not None:
         writable_dir(args.out)
     trace, trace_info = _trace_for(args, config)
+    if config.cells.count > 1:
+        return _simulate_cells(args, config, trace, trace_info)
+    if args.workers is not None or args.ray is not None:
+        raise ConfigError("--workers and --ray run cells side by side; give --cells N "
+                          "(or [cells] count in the config)")
     result = simulate(config, trace if trace is not None else workload_trace(config),
                       progress=not args.json)
     if trace_info is not None:
@@ -173,6 +183,40 @@ def cmd_simulate(args) -> int:
                              Path(trace_info["path"]).name if trace_info else None))
         if args.out is not None:
             print(f"records and summary written to {args.out}/")
+    return 0
+
+
+def _simulate_cells(args, config: RunConfig, trace, trace_info) -> int:
+    """``hawk simulate`` of a cluster of cells (``sim.cells``): the merged records and
+    summary, and the run's timing (``cells.json``: wall-clock times stay out of the summary,
+    which is the same bytes however the cells ran)."""
+    from sim.cells import simulate_cells
+
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    result = simulate_cells(config, trace, workers=args.workers, ray_address=args.ray,
+                            records_path=args.out / "records.parquet" if args.out else None,
+                            progress=not args.json)
+    summary = result.summary
+    if trace_info is not None:
+        summary["trace"] = trace_info
+    if args.out is not None:
+        (args.out / "summary.json").write_text(dumps(summary, indent=2) + "\n")
+        (args.out / "cells.json").write_text(dumps(result.timing, indent=2) + "\n")
+    shown = {**summary, "sim_wall_time_s": result.timing["wall_time_s"]}
+    if args.json:
+        print(dumps(shown))
+        return 0
+    cells = summary["cells"]
+    from sim.cells import whole_cluster
+
+    print(format_summary(shown, whole_cluster(config),
+                         Path(trace_info["path"]).name if trace_info else None))
+    print(f"  cells: {cells['count']} of {cells['prefill_instances_per_cell']} prefill + "
+          f"{cells['decode_instances_per_cell']} decode instances, {cells['split_rule']}; "
+          f"{result.timing['backend']}, workers {args.workers or 'one per core'}")
+    if args.out is not None:
+        print(f"records (with a cell column), summary and cells.json written to {args.out}/")
     return 0
 
 
@@ -411,6 +455,15 @@ def build_parser(extras: bool = True) -> argparse.ArgumentParser:
                    help="print every resolved setting and where it came from (the config "
                         "file, the device's default or the scenario's), then stop")
     p.add_argument("--out", type=Path, help="write records.parquet and summary.json here")
+    p.add_argument("--cells", type=int, metavar="N",
+                   help="simulate the cluster as N independent cells (router domains), the "
+                        "requests split by a hash of their id ([cells] in the config)")
+    p.add_argument("--cell-instances", choices=("split", "per-cell"),
+                   help="split: the cluster's instances divided among the cells (default); "
+                        "per-cell: every cell has the cluster's instances")
+    p.add_argument("--workers", type=int, help="processes running cells (default: one per core)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run the cells on Ray: a local cluster, or the one at ADDRESS")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("sweep", help="SLO attainment over a range of rates, and the knee")

@@ -31,8 +31,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 from hardware.catalog import DTYPE_BYTES, WEIGHT_FORMATS, devices, models
 
-#: where a resolved value came from
-SOURCES = ("user", "device", "scenario")
+#: where a resolved value came from ("profile": a measured profile directory's [serving],
+#: ``sim.profile_dir.mirror_settings``)
+SOURCES = ("user", "device", "scenario", "profile")
 
 #: the default scenario, per role: its device and what it assumes there beyond the device's
 #: own defaults (paper profile [kv] and [serving]: 8-bit KV, 32 sequences per prefill batch)
@@ -275,14 +276,35 @@ class ClusterConfig:
     policies: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self) -> None:
-        _check_choice("cluster", "model", self.model, models())
         _check_str("cluster", "profile", self.profile)
         _check_policy("cluster", "routing", self.routing)
         _check_policy("cluster", "decode_routing", self.decode_routing)
         _check_bool("cluster", "fast_forward", self.fast_forward)
+        if _check_measured_model(self):
+            return                      # the measured profile's own model and workers
+        _check_choice("cluster", "model", self.model, models())
         for inst in (self.prefill, self.decode):
             _check_heads(models()[self.model], inst)
         _check_same_kv_dtype(self)
+
+
+def _check_measured_model(cluster: "ClusterConfig") -> bool:
+    """A measured profile directory times its own model (``cluster.model = "profile"``), and
+    only it does. True when the profile is a directory."""
+    from sim.profile_dir import MEASURED_MODEL, is_profile_dir, load_profile_dir
+
+    measured = is_profile_dir(cluster.profile)
+    if measured:
+        load_profile_dir(cluster.profile)           # a bad directory is named here
+        if cluster.model != MEASURED_MODEL:
+            raise ConfigError(f"cluster.model = {cluster.model!r}: the measured profile "
+                              f"{cluster.profile} times its own model; leave cluster.model "
+                              f"unset (or {MEASURED_MODEL!r})")
+    elif cluster.model == MEASURED_MODEL:
+        raise ConfigError(f"cluster.model = {MEASURED_MODEL!r} needs cluster.profile to name a "
+                          f"measured profile directory (hawk real profile --out DIR), got "
+                          f"{cluster.profile!r}")
+    return measured
 
 
 def _check_same_kv_dtype(cluster: "ClusterConfig") -> None:
@@ -406,7 +428,8 @@ def _check_cells(config: "RunConfig") -> None:
                 f"cells.count = {cells.count} does not divide cluster.{role}.num_instances = "
                 f"{n}: with cells.instances = \"split\" each cell gets an equal share of the "
                 f"cluster's instances; give a multiple of {cells.count} instances per phase, or "
-                f"set cells.instances = \"per-cell\" to give every cell [cluster]'s instances")
+                f"set cells.instances = \"per-cell\" (--cell-instances per-cell) to give every "
+                f"cell [cluster]'s instances")
 
 
 @dataclass(frozen=True)
@@ -454,11 +477,14 @@ def provenance(config: RunConfig) -> dict[str, dict]:
     """Every resolved value and where it came from: ``{"cluster.decode.kv_dtype": {"value":
     "bfloat8_b", "source": "device"}, ...}`` (sources: ``SOURCES``)."""
     given = _flatten(user_settings(config))
+    measured = getattr(config, "_from_profile", ())
     out = {}
     for key, value in _flatten(to_dict(config)).items():
         if key.endswith(".role"):
             continue
-        if _is_instance_key(key):
+        if key in measured:
+            source = "profile"
+        elif _is_instance_key(key):
             role, name = key.split(".")[1:]
             source = getattr(config.cluster, role).sources[name]
         else:
@@ -537,7 +563,10 @@ def _build(cls, data, where: str, **fixed):
 
 
 def from_dict(data: dict) -> RunConfig:
-    """Build a ``RunConfig`` from nested dicts (TOML tables); unset keys are resolved."""
+    """Build a ``RunConfig`` from nested dicts (TOML tables); unset keys are resolved. With
+    ``cluster.profile`` naming a measured profile directory, the keys it leaves unset that
+    make the cluster the real mode's come from the directory (source "profile")."""
+    given, data, from_profile = data, *_with_profile(data)
     top = _table(data, "the configuration", {f.name for f in dataclasses.fields(RunConfig)})
     cluster = dict(_table(top.get("cluster", {}), "cluster",
                           {f.name for f in dataclasses.fields(ClusterConfig)}))
@@ -555,8 +584,23 @@ def from_dict(data: dict) -> RunConfig:
         "workload": _build(WorkloadConfig, top.get("workload", {}), "workload"),
         "slo": _build(SloConfig, top.get("slo", {}), "slo"),
     })
-    object.__setattr__(config, "_given", copy.deepcopy(data))
+    object.__setattr__(config, "_given", copy.deepcopy(given))
+    object.__setattr__(config, "_from_profile", from_profile)
     return config
+
+
+def _with_profile(data: dict) -> tuple[dict, tuple]:
+    """``data`` with the measured profile's settings under the user's, and the keys filled."""
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    profile = cluster.get("profile") if isinstance(cluster, dict) else None
+    from sim.profile_dir import is_profile_dir, load_profile_dir, mirror_settings
+
+    if not is_profile_dir(profile):
+        return data, ()
+    given = _flatten(data)
+    filled = {k: v for k, v in mirror_settings(load_profile_dir(profile)).items()
+              if k not in given}
+    return _merge(_undot(filled), data), tuple(filled)
 
 
 def load_config(path: str | Path) -> RunConfig:

@@ -1,0 +1,296 @@
+"""Cells: a large cluster simulated as independent router domains, serially or in parallel.
+
+A cell is a router domain with its own prefill and decode instances; no request crosses
+cells, so each cell is one ordinary ``simulate`` run on its share of the trace, and C cells
+run side by side on a process pool or on Ray (``sim.sweep.iter_parallel``).
+
+- **Instances** (``[cells]``, ``sim.config.CellsConfig``): ``instances = "split"`` divides
+  [cluster]'s instances evenly (a count that does not divide is refused); ``"per-cell"`` gives
+  every cell [cluster]'s instances. Records name instances globally: cell c's local instance
+  i is ``c * per_cell + i``; ``[faults] instance_loss`` indexes decode instances the same way.
+- **Split rule**: request r goes to cell ``splitmix64(request_id) mod C`` (``cell_of``). The
+  hash is a fixed pseudo-random function of the id alone, blind to arrival instants and
+  lengths, so the split is an independent random thinning of the arrival stream: every cell
+  sees the whole trace's arrival process at 1/C of its rate (Poisson arrivals stay Poisson at
+  rate/C, a trace's bursts and daily pattern reach every cell in proportion) and the same
+  length mix. Round-robin on arrival order would not: it makes Poisson arrivals Erlang-C,
+  far more regular than what a router domain sees (tested). A request's cell does not depend
+  on the other requests, the run's seed or how the cells run.
+- **Seeds**: cell k runs with seed ``cell_seed(seed, k)`` (numpy ``SeedSequence([seed, k])``),
+  for what is random inside a cell (fault draws); the arrivals are the whole trace, drawn once
+  with the run's seed and then split.
+- **Records**: each cell returns its records as Parquet bytes, sorted by request id, with a
+  ``cell`` column; the parent writes each to a file as it arrives and merges the files by
+  streaming (``merge_records``), so no process holds every record. The merged summary is
+  computed from the merged file one metric at a time (``sim.cells_summary``).
+
+A cell's records depend only on its config, its share and its seed, and the merge only on the
+files, so the merged records and summary are the same bytes whichever way the cells ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.config import ConfigError, RunConfig
+from traces.trace import Trace
+
+#: the split rule, as the summary states it
+SPLIT_RULE = "cell = splitmix64(request_id) mod cells.count"
+#: rows per batch when merging cell files (per file in memory at once)
+MERGE_BATCH_ROWS = 32_768
+
+
+class CellError(RuntimeError):
+    """A cell failed; the message names the cell, its share of the trace and its seed."""
+
+
+def cell_of(request_id: np.ndarray, count: int) -> np.ndarray:
+    """The cell of each request: splitmix64's finaliser of its id, modulo ``count``."""
+    z = np.asarray(request_id, dtype=np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(count)).astype(np.int64)                 # [n]
+
+
+def split_trace(trace: Trace, count: int) -> list[Trace]:
+    """Each cell's share of ``trace`` (``cell_of``), in arrival order."""
+    cells = cell_of(trace.request_id, count)
+    order = np.argsort(cells, kind="stable")                        # arrival order within a cell
+    bounds = np.searchsorted(cells[order], np.arange(count + 1))
+    return [trace.select(order[bounds[k]:bounds[k + 1]]) for k in range(count)]
+
+
+def cell_seed(seed: int, index: int) -> int:
+    """Cell ``index``'s seed, derived from the run's (63 bits, a valid ``RunConfig.seed``)."""
+    state = np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0]
+    return int(state >> np.uint64(1))
+
+
+def instances_per_cell(config: RunConfig) -> tuple[int, int]:
+    """(prefill, decode) instances of one cell."""
+    cl, cells = config.cluster, config.cells
+    if cells.instances == "per-cell":
+        return cl.prefill.num_instances, cl.decode.num_instances
+    return cl.prefill.num_instances // cells.count, cl.decode.num_instances // cells.count
+
+
+def whole_cluster(config: RunConfig) -> RunConfig:
+    """``config`` with every cell's instances counted: the cluster that power and cost price."""
+    if config.cells.instances == "split":
+        return config
+    count = config.cells.count
+    return config.replace(**{
+        "cluster.prefill.num_instances": config.cluster.prefill.num_instances * count,
+        "cluster.decode.num_instances": config.cluster.decode.num_instances * count})
+
+
+def cell_config(config: RunConfig, index: int) -> RunConfig:
+    """Cell ``index``'s own run: its instances, its seed, the instance losses it holds."""
+    prefill, decode = instances_per_cell(config)
+    losses = []
+    for k, (g, at) in enumerate(config.faults.instance_loss):
+        if g >= decode * config.cells.count:
+            raise ConfigError(f"faults.instance_loss[{k}]: decode_index {g}, but the "
+                              f"{config.cells.count} cells have {decode * config.cells.count} "
+                              f"decode instances ({decode} each)")
+        if g // decode == index:
+            losses.append([g % decode, at])
+    return config.replace(**{"cells.count": 1, "cells.instances": "split",
+                             "seed": cell_seed(config.seed, index),
+                             "cluster.prefill.num_instances": prefill,
+                             "cluster.decode.num_instances": decode,
+                             "faults.instance_loss": losses})
+
+
+@dataclass(frozen=True)
+class CellJob:
+    """One cell's run: what a worker needs, and nothing of the other cells."""
+
+    index: int
+    num_cells: int
+    config: RunConfig           # the cell's own (``cell_config``)
+    trace: Trace                # its share of the requests
+    prefill_offset: int         # global index of its first prefill instance
+    decode_offset: int
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """What a cell sends back: its records as Parquet bytes and its instances' stats, or the
+    error it stopped on (``error``; records None)."""
+
+    index: int
+    records: bytes | None
+    stats: dict
+    slo_attainment: float
+    simulated_time_s: float
+    wall_time_s: float
+    error: str | None = None
+
+
+def cell_jobs(config: RunConfig, trace: Trace) -> list[CellJob]:
+    """One job per cell that has requests."""
+    prefill, decode = instances_per_cell(config)
+    shares = split_trace(trace, config.cells.count)
+    count = config.cells.count
+    return [CellJob(k, count, cell_config(config, k), share, k * prefill, k * decode)
+            for k, share in enumerate(shares) if len(share)]
+
+
+def run_cell(job: CellJob) -> CellOutcome:
+    """Simulate one cell (module level: it runs in pool and Ray workers). Never raises: an
+    error comes back as text, with where it happened, for the parent to name the cell."""
+    from sim.cluster import simulate
+
+    wall = time.perf_counter()
+    try:
+        result = simulate(job.config, job.trace)
+        records = cell_records(result.records, job)
+    except Exception as exc:        # crosses a process boundary; the parent raises CellError
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return CellOutcome(job.index, None, {}, math.nan, math.nan, time.perf_counter() - wall,
+                           error=f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}"
+                                 f":{where.lineno} in {where.name})")
+    stats = {k: v for k, v in result.stats.items() if k != "in_system"}
+    return CellOutcome(job.index, records, stats, result.summary["slo_attainment"],
+                       result.summary["simulated_time_s"], time.perf_counter() - wall)
+
+
+def records_schema(with_tenant: bool):
+    """Arrow schema of the merged records: ``traces.schema`` columns, tenant, then cell."""
+    import pyarrow as pa
+
+    from traces.schema import RECORD_COLUMNS
+
+    arrow = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
+    fields = [(name, arrow[dtype]) for name, dtype in RECORD_COLUMNS.items()]
+    return pa.schema(fields + ([("tenant", pa.string())] if with_tenant else [])
+                     + [("cell", pa.int64())])
+
+
+def cell_records(frame, job: CellJob) -> bytes:
+    """A cell's records as Parquet bytes: sorted by request id, instances numbered globally,
+    the cell's index in a ``cell`` column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frame = frame.sort_values("request_id", kind="stable").reset_index(drop=True)
+    for column, offset in (("prefill_instance", job.prefill_offset),
+                           ("decode_instance", job.decode_offset)):
+        placed = frame[column] >= 0
+        frame.loc[placed, column] = frame.loc[placed, column] + offset
+    frame["cell"] = job.index
+    schema = records_schema("tenant" in frame.columns)
+    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(None), sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+def merge_records(paths: list[Path], out: Path, batch_rows: int = MERGE_BATCH_ROWS) -> int:
+    """Merge record files, each sorted by request id, into ``out`` sorted by request id,
+    streaming (one batch per file in memory). Returns the number of rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = [pq.ParquetFile(p) for p in paths]
+    readers = [f.iter_batches(batch_size=batch_rows) for f in files]
+    buffers = [_next_table(r) for r in readers]
+    rows = 0
+    with pq.ParquetWriter(out, files[0].schema_arrow, compression="zstd") as writer:
+        while any(b is not None for b in buffers):
+            live = [k for k, b in enumerate(buffers) if b is not None]
+            # no later row of any file is at or below the smallest last id of the buffers
+            bound = min(buffers[k]["request_id"][-1].as_py() for k in live)
+            parts = []
+            for k in live:
+                ids = buffers[k]["request_id"].to_numpy()
+                cut = int(np.searchsorted(ids, bound, side="right"))
+                parts.append(buffers[k].slice(0, cut))
+                rest = buffers[k].slice(cut)
+                buffers[k] = rest if rest.num_rows else _next_table(readers[k])
+            table = pa.concat_tables(parts)
+            table = table.take(np.argsort(table["request_id"].to_numpy(), kind="stable"))
+            writer.write_table(table)
+            rows += table.num_rows
+    return rows
+
+
+def _next_table(reader):
+    import pyarrow as pa
+
+    for batch in reader:
+        if batch.num_rows:
+            return pa.Table.from_batches([batch])
+    return None
+
+
+@dataclass(frozen=True)
+class CellsResult:
+    config: RunConfig
+    summary: dict               # merged, the same bytes however the cells ran
+    records_path: Path | None   # the merged records (None: not kept)
+    timing: dict                # wall time of the run and of each cell, workers, backend
+
+
+def simulate_cells(config: RunConfig, trace: Trace | None = None, *, workers: int | None = None,
+                   ray_address: str | None = None, records_path: Path | None = None,
+                   progress: bool = False) -> CellsResult:
+    """Run ``trace`` (default: the config's workload) through ``config.cells.count`` cells,
+    on ``workers`` local processes (1: in this process) or on Ray (``ray_address``, as
+    ``sim.sweep.run_parallel``). ``records_path``: where the merged records go (Parquet);
+    without it they are merged in a temporary folder for the summary and removed."""
+    from sim.cells_summary import merged_summary
+    from sim.cluster import workload_trace
+    from sim.sweep import iter_parallel
+
+    wall = time.perf_counter()
+    trace = trace if trace is not None else workload_trace(config)
+    jobs = cell_jobs(config, trace)
+    with tempfile.TemporaryDirectory(prefix="hawk-cells-") as tmp:
+        paths, outcomes = _run_jobs(jobs, Path(tmp), workers, ray_address, progress,
+                                    iter_parallel)
+        merged = Path(records_path) if records_path is not None else Path(tmp) / "records.parquet"
+        merge_records(paths, merged)
+        summary = merged_summary(merged, config, jobs, outcomes)
+    timing = {"wall_time_s": time.perf_counter() - wall,
+              "backend": "ray" if ray_address is not None else "processes",
+              "workers": workers, "ray_address": ray_address,
+              "cell_wall_time_s": [o.wall_time_s for o in outcomes]}
+    return CellsResult(config, summary, Path(records_path) if records_path else None, timing)
+
+
+def _run_jobs(jobs: list[CellJob], folder: Path, workers, ray_address, progress,
+              iter_parallel) -> tuple[list[Path], list[CellOutcome]]:
+    """Each cell's records file in ``folder`` (in cell order) and its outcome, records
+    dropped: a file is written as its cell finishes, so the parent holds few at once."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    paths, outcomes = {}, {}
+    try:
+        for k, outcome in iter_parallel(run_cell, jobs, workers, progress, ray_address,
+                                        desc="cells"):
+            job = jobs[k]
+            if outcome.error is not None:
+                raise CellError(f"cell {job.index} of {job.num_cells} ({len(job.trace):,} "
+                                f"requests, seed {job.config.seed}) "
+                                f"failed: {outcome.error}")
+            paths[k] = folder / f"cell-{job.index:04d}.parquet"
+            paths[k].write_bytes(outcome.records)
+            outcomes[k] = dataclasses.replace(outcome, records=None)
+    except BrokenProcessPool as exc:
+        running = [jobs[k].index for k in range(len(jobs)) if k not in outcomes]
+        raise CellError(f"a worker process died while running cells {running} (out of "
+                        f"memory? run fewer at once with --workers): {exc}") from exc
+    order = sorted(paths)
+    return [paths[k] for k in order], [outcomes[k] for k in order]

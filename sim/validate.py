@@ -224,6 +224,52 @@ def format_errors(result: dict) -> str:
     return "\n".join(lines)
 
 
+def format_result(result: dict) -> str:
+    knee = result["simulated_knee_rate"]
+    lines = [f"profile {result['profile']} ({result['mechanism']}); {result['requests']}",
+             f"lengths scaled by {result['length_scale']:.3f} to fit the model's context",
+             f"SLOs: TTFT {result['ttft_slo_s']:.4g} s, TPOT {result['tpot_slo_s']:.4g} s "
+             f"({result['slo_source']})"]
+    if knee is not None:
+        lines.append(f"simulated knee {knee:.4g} req/s; {result['load_rule']}")
+    for load in result["loads"]:
+        lines += ["", f"{load['name']} load, {load['rate']:.4g} req/s: {load['pairing']}",
+                  format_errors(load)]
+    met = all(load["all_met"] for load in result["loads"])
+    lines += ["", "every metric within its goal" if met else "goals missed: see MISS rows "
+              "(component: the stage with the largest mean error, sim - real)"]
+    return "\n".join(lines)
+
+
+def plot_cdfs(result: dict, frames: dict, path) -> None:
+    """CDFs of TTFT, TPOT and E2E, real vs simulated, one row per load, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from traces import metrics
+
+    loads = result["loads"]
+    fig, axes = plt.subplots(len(loads), 3, figsize=(11, 3 * len(loads)), squeeze=False)
+    for row, load in zip(axes, loads):
+        for ax, (name, fn) in zip(row, (("TTFT", metrics.ttft), ("TPOT", metrics.tpot),
+                                        ("E2E", metrics.e2e))):
+            for frame, label, style in zip(frames[load["name"]], ("real", "sim"), ("-", "--")):
+                values = np.sort(fn(frame)[metrics.ok_mask(frame)])
+                values = values[~np.isnan(values)]
+                ax.step(values, np.arange(1, len(values) + 1) / max(1, len(values)),
+                        style, where="post", label=label)
+            ax.set_xlabel(f"{name} (s)")
+            ax.set_title(f"{load['name']} ({load['rate']:.3g} req/s)", fontsize=9)
+        row[0].set_ylabel("share of requests")
+        row[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _num(value) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:.4g}"
 

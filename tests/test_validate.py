@@ -151,3 +151,140 @@ def test_result_is_strict_json_even_when_nothing_finished():
     rows = {r["metric"]: r for r in data["errors"]}
     assert rows["ttft_p50_s"]["sim"] is None and rows["ttft_p50_s"]["met"] is None
     assert rows["slo_attainment"]["error"] == pytest.approx(-100.0)
+
+
+# -- the orchestration, both sides replaced by a single server ------------------------------
+from sim import validate_run as vr  # noqa: E402
+from sim.cli import main  # noqa: E402
+from traces.trace import Trace  # noqa: E402
+
+
+def make_profile(root, mechanisms=("GN-HAWK",)):
+    """A profile directory with the contract's files and made-up (plausible) numbers, and the
+    seeded tiny model the real mode serves."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "profile.toml").write_text(
+        '[meta]\nformat = 1\ncomplete = true\n'
+        '[machine]\ncpu = "test"\ncores = 2\nthreads = 1\ndevice = "cpu"\n'
+        'stands_for_prefill = "a100-pcie"\nstands_for_decode = "p150a"\n'
+        '[model]\nnum_layers = 2\nhidden_size = 256\nnum_heads = 4\nnum_kv_heads = 2\n'
+        'head_dim = 64\nintermediate_size = 688\nvocab_size = 1024\nmax_context = 512\n'
+        'dtype = "float32"\nseed = 0\n'
+        '[serving]\nprefill_max_batch_tokens = 2048\ndecode_max_batch = 32\n'
+        'kv_block_tokens = 16\nnum_kv_tokens = 16384\nmax_request_tokens = 512\n'
+        'kv_dtype = "bfloat8_b"\nthreads = 1\n'
+        f'mechanisms = [{", ".join(repr(m).replace(chr(39), chr(34)) for m in mechanisms)}]\n')
+    (root / "prefill.csv").write_text(
+        "batch_tokens,num_seqs,seconds_p50,seconds_p10,seconds_p90,repeats\n"
+        "16,1,0.004,0.004,0.004,3\n512,1,0.06,0.06,0.06,3\n2048,4,0.24,0.24,0.24,3\n")
+    rows = [(b, c, 0.003 + 1e-4 * b + 1.4e-5 * b * c) for b in (1, 8, 32) for c in (16, 512)]
+    (root / "decode.csv").write_text(
+        "batch,context_per_request,total_context,seconds_p50,seconds_p10,seconds_p90,repeats\n"
+        + "".join(f"{b},{c},{b * c},{s:.6f},{s:.6f},{s:.6f},3\n" for b, c, s in rows))
+    (root / "transfer.csv").write_text(
+        "mechanism,bytes,seconds_p50,seconds_p10,seconds_p90,repeats\n"
+        + "".join(f"{m},{n},{0.005 + n / 2e9:.6f},0.005,0.006,3\n" for m in mechanisms
+                  for n in (32768, 1048576)))
+    (root / "model").mkdir(exist_ok=True)
+    (root / "model" / "config.json").write_text("{}")
+    return root
+
+
+def single_server(trace: Trace, service_s: float, step_s: float = 0.01):
+    """Records of one FCFS server taking ``service_s`` per request, then ``step_s`` per token."""
+    n = len(trace)
+    start, end, free = np.zeros(n), np.zeros(n), 0.0
+    for i, a in enumerate(trace.arrival_at):
+        start[i] = max(a, free)
+        end[i] = free = start[i] + service_s
+    finish = end + step_s * (trace.num_output_tokens - 1)
+    return pd.DataFrame({"request_id": trace.request_id, "arrival_at": trace.arrival_at,
+                         "num_prompt_tokens": trace.num_prompt_tokens,
+                         "num_output_tokens": trace.num_output_tokens, "status": "ok",
+                         "prefill_instance": 0, "decode_instance": 0, "prefill_start_at": start,
+                         "prefill_end_at": end, "transfer_start_at": end,
+                         "transfer_end_at": end, "first_token_at": end, "finished_at": finish,
+                         "num_generated_tokens": trace.num_output_tokens, "kv_bytes": 0})
+
+
+def test_validate_finds_the_knee_runs_both_sides_and_writes_the_paired_records(tmp_path):
+    profile = make_profile(tmp_path / "prof")
+    requests = vr.load_requests(None, "chatbot", 60, 512)
+    assert requests.length_scale < 1
+    assert (requests.trace.num_prompt_tokens + requests.trace.num_output_tokens).max() <= 512
+    served = []
+
+    def real(trace, ttft, tpot, where):
+        served.append(trace)
+        return single_server(trace, 0.105)            # the real prefill is 5% slower
+
+    result, frames = vr.validate(profile, requests, "light,knee", out=tmp_path / "out",
+                                 simulate_fn=lambda t, a, b: single_server(t, 0.1),
+                                 real_fn=real)
+    # SLOs: 5x / 2x a lone request's simulated TTFT (0.1 s) and TPOT (0.01 s)
+    assert (result["ttft_slo_s"], result["tpot_slo_s"]) == pytest.approx((0.5, 0.02))
+    knee = result["simulated_knee_rate"]
+    from traces.metrics import slo_attainment
+
+    def attained(rate):
+        return slo_attainment(single_server(requests.at(rate), 0.1), 0.5, 0.02)
+    assert attained(knee) >= 0.9 > attained(1.01 * knee)  # the highest rate meeting 90%
+    assert [(d["name"], d["rate"]) for d in result["loads"]] == [
+        ("light", pytest.approx(vr.LIGHT_SHARE * knee)), ("knee", pytest.approx(vr.KNEE_SHARE * knee))]
+    # both sides got the same requests: lengths scaled once, arrivals at the load's rate
+    for trace, load in zip(served, result["loads"]):
+        assert np.array_equal(trace.num_prompt_tokens, requests.trace.num_prompt_tokens)
+        # Poisson at 1 req/s, stretched to the load's rate
+        np.testing.assert_allclose(trace.arrival_at, requests.trace.arrival_at / load["rate"])
+    light = {r["metric"]: r for r in result["loads"][0]["errors"]}
+    assert light["ttft_p50_s"]["error"] == pytest.approx(-0.1 / 2.1, rel=0.05)  # 0.1 vs 0.105
+    paired = pd.read_parquet(tmp_path / "out" / "knee" / "paired.parquet")
+    assert list(paired.columns) == val.paired_columns() and len(paired) == 60
+    np.testing.assert_allclose(paired["prefill_time_diff"], -0.005, atol=1e-12)
+    saved = json.loads((tmp_path / "out" / "validate.json").read_text())
+    assert saved["loads"][1]["name"] == "knee" and set(frames) == {"light", "knee"}
+    assert "simulated knee" in val.format_result(result)
+
+
+def test_rates_in_requests_per_second_skip_the_knee_and_bad_loads_are_named(tmp_path):
+    profile = make_profile(tmp_path / "prof")
+    requests = vr.load_requests(None, "chatbot", 10, 512)
+    calls = []
+
+    def sim(trace, ttft, tpot):
+        calls.append(len(trace))
+        return single_server(trace, 0.1)
+    result, _ = vr.validate(profile, requests, "2.5", simulate_fn=sim, slos=(1.0, 0.1),
+                            real_fn=lambda t, a, b, where: single_server(t, 0.1))
+    assert [d["name"] for d in result["loads"]] == ["rate-2.5"]
+    assert result["simulated_knee_rate"] is None and calls == [10]   # no sweep, one run
+    for text, why in (("fast", "'fast' is not light, knee or a rate"),
+                      ("0", "rate 0 must be > 0"), (",", "name one or more loads")):
+        with pytest.raises(ValueError, match=why):
+            vr.parse_loads(text)
+
+
+def _one_line(capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_bad_inputs_give_one_clear_line(tmp_path, capsys):
+    err = _one_line(capsys, ["validate", "--profile", str(tmp_path / "none"),
+                             "--workload", "chatbot"])
+    assert "--profile" in err and "no profile.toml there" in err
+    profile = make_profile(tmp_path / "prof")
+    err = _one_line(capsys, ["validate", "--profile", str(profile), "--trace",
+                             str(tmp_path / "missing.csv")])
+    assert "missing.csv: no such trace file" in err
+    err = _one_line(capsys, ["validate", "--profile", str(profile), "--workload", "chatbot",
+                             "--mechanism", "GG-Host"])
+    assert "--mechanism GG-Host: the profile measured only ['GN-HAWK']" in err
+    err = _one_line(capsys, ["validate", "--profile", str(profile), "--workload", "chatbot",
+                             "--ttft-slo", "1"])
+    assert "give both --ttft-slo and --tpot-slo" in err
+    (profile / "model" / "config.json").unlink()
+    err = _one_line(capsys, ["validate", "--profile", str(profile), "--workload", "chatbot"])
+    assert "no model/config.json" in err

@@ -157,7 +157,10 @@ def run_cell(job: CellJob) -> CellOutcome:
         result = simulate(job.config, job.trace)
         records = cell_records(result.records, job)
     except Exception as exc:        # crosses a process boundary; the parent raises CellError
-        where = traceback.extract_tb(exc.__traceback__)[-1]
+        origin = exc            # SimPy re-raises a process's error as a copy caused by it
+        while origin.__cause__ is not None and origin.__cause__.__traceback__ is not None:
+            origin = origin.__cause__
+        where = traceback.extract_tb(origin.__traceback__)[-1]
         return CellOutcome(job.index, None, {}, math.nan, math.nan, time.perf_counter() - wall,
                            error=f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}"
                                  f":{where.lineno} in {where.name})")

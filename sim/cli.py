@@ -169,12 +169,15 @@ def cmd_simulate(args) -> int:
     if args.workers is not None or args.ray is not None:
         raise ConfigError("--workers and --ray run cells side by side; give --cells N "
                           "(or [cells] count in the config)")
-    result = simulate(config, trace if trace is not None else workload_trace(config),
-                      progress=not args.json)
+    stream = _stream_for(args, config, trace)
+    if trace is None and stream is None:
+        trace = workload_trace(config)
+    result = simulate(config, trace, progress=not args.json, stream=stream)
     if trace_info is not None:
         result.summary["trace"] = trace_info
     if args.out is not None:
-        write_records(result.records, args.out / "records.parquet")
+        if stream is None:
+            write_records(result.records, args.out / "records.parquet")
         (args.out / "summary.json").write_text(dumps(result.summary, indent=2) + "\n")
     if args.json:
         print(dumps(result.summary))
@@ -218,6 +221,20 @@ def _simulate_cells(args, config: RunConfig, trace, trace_info) -> int:
     if args.out is not None:
         print(f"records (with a cell column), summary and cells.json written to {args.out}/")
     return 0
+
+
+def _stream_for(args, config: RunConfig, trace):
+    """How ``simulate`` streams (``sim.stream``): records into ``--out``/records.parquet as a
+    dataset; None for the in-memory path. ``--stream``/``--no-stream`` decide, else size."""
+    from sim.run_size import expected_num_requests
+    from sim.stream import Stream, use_streaming
+
+    n = len(trace) if trace is not None else expected_num_requests(config.workload)
+    if n is None:                           # the config's trace file, not yet read
+        n = config.workload.num_requests
+    if not use_streaming(n, args.stream):
+        return None
+    return Stream(args.out / "records.parquet" if args.out is not None else None)
 
 
 def _trace_for(args, config: RunConfig):
@@ -445,6 +462,11 @@ def build_parser(extras: bool = True) -> argparse.ArgumentParser:
                    "a bare name may be a bundled trace: azure-llm-2023-conv.csv, "
                    "azure-llm-2023-code.csv (traces/data/)")
     p.add_argument("--trace-format", help="trace format (default: detected from the header)")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                   help="stream records to --out/records.parquet (a dataset of row groups) as "
+                        "requests end and summarise from streaming aggregates, in bounded "
+                        "memory (percentiles within 1%%); default: only runs over 1,000,000 "
+                        "requests stream")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows, reported")
     p.add_argument("--rate-scale", type=float, metavar="FACTOR",
                    help="replay the trace FACTOR times as fast (2 = twice the request rate)")

@@ -7,6 +7,7 @@ returns a ``RunResult`` with the records table and the summary metrics.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -90,7 +91,7 @@ def workload_trace(config: RunConfig) -> Trace:
 def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
              until: float | None = None, predictors: tuple | None = None, pricing=None,
              monitor_interval_s: float | None = None, progress: bool = False,
-             eager_arrivals: bool = False) -> RunResult:
+             eager_arrivals: bool = False, stream=None) -> RunResult:
     """Run ``trace`` (default: the config's workload) through the configured cluster.
 
     ``until`` cuts the run at that simulated instant (open requests become ``unfinished``).
@@ -100,10 +101,13 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     (``stats["in_system"]``: (instant, count) pairs). ``progress`` shows a bar of arrivals
     on stderr for long runs (100,000 requests or more; only on a terminal).
     ``eager_arrivals`` gives every arrival its own timer even with one prefill instance (the
-    reference that lazy admission is tested against)."""
+    reference that lazy admission is tested against). ``stream`` (a ``sim.stream.Stream``)
+    runs in bounded memory: requests load in chunks, records go to its Parquet dataset as
+    they end, the summary comes from streaming aggregates and ``records`` is None."""
     config = config or RunConfig()
-    trace = trace if trace is not None else workload_trace(config)
-    check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
+    if stream is None:
+        trace = trace if trace is not None else workload_trace(config)
+        check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
     cl = config.cluster
     model = catalog.model(cl.model)
     prefill_pred, decode_pred = predictors or (make_predictor(config, cl.prefill),
@@ -119,7 +123,12 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
 
     wall = time.perf_counter()
     env = simpy.Environment()
-    ledger = Ledger(trace)
+    if stream is None:
+        ledger = Ledger(trace)
+    else:
+        from sim.stream import open_ledger
+
+        ledger = open_ledger(config, trace, stream, until, monitor_interval_s is not None)
     # each decode node pulls through its own NIC (sim.link: nodes meet at a switch)
     links = [KVLink(env, bandwidth_gb_s * 1e9, cl.link.latency_s)
              for _ in range(cl.decode.num_instances)]
@@ -162,10 +171,10 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     for p in prefills:           # a host-staged save blocks the prefill engine (sim.transfer)
         p.save_time = getattr(pricing, "save_time", None)
     bar = None
-    if progress and len(trace) >= 100_000:
+    if progress and ledger.n >= 100_000:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(trace), desc="arrivals", unit="req", disable=None, leave=False)
+        bar = tqdm(total=ledger.n, desc="arrivals", unit="req", disable=None, leave=False)
     Router(env, ledger, prefills, decodes, resolve("routing", cl.routing), model.max_context, bar,
            eager=eager_arrivals)
     samples: list[tuple[float, int]] = []
@@ -173,14 +182,25 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         env.process(_monitor(env, ledger, monitor_interval_s, samples))
     if faulty:
         _inject_faults(env, config, decodes, route_to_decode)
-    env.run(until=until)
+    try:
+        env.run(until=until)
+    except BaseException as exc:
+        if stream is not None:              # the records so far stay readable
+            ledger.close(exc)
+        raise
     if bar is not None:
         bar.close()
-    records = ledger.frame(cut_at=until)
+    if stream is None:
+        records = ledger.frame(cut_at=until)
+        summary = metrics.summarize(records, config.slo.ttft_s, config.slo.tpot_s)
+        tenants = by_tenant(records, config.slo.ttft_s, config.slo.tpot_s)
+        in_decode = metrics.mean_in_decode(records, float(env.now))
+    else:
+        records = None
+        ledger.close()
+        summary, tenants = ledger.summary()
+        in_decode = ledger.aggregate.decode_span_s / float(env.now) if env.now > 0 else math.nan
     wall = time.perf_counter() - wall
-
-    summary = metrics.summarize(records, config.slo.ttft_s, config.slo.tpot_s)
-    tenants = by_tenant(records, config.slo.ttft_s, config.slo.tpot_s)
     if tenants is not None:
         summary["tenants"] = tenants
     summary["sim_wall_time_s"] = wall
@@ -200,7 +220,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         "in_system": samples,
     }
     slots = config.cluster.decode.num_instances * config.cluster.decode.max_batch_size
-    occupancy = metrics.mean_in_decode(records, float(env.now)) / slots
+    occupancy = in_decode / slots
     summary.update(metrics.utilization(stats, float(env.now), occupancy))
     summary.update(_power_and_cost(stats, summary, config))
     summary["config"] = provenance(config)      # every resolved value and where it came from

@@ -18,6 +18,9 @@ from traces.trace import Trace
 NAN = math.nan
 INSTANTS = ("prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer_end_at",
             "first_token_at", "finished_at")
+#: the router's rejection codes (``Router.reject_codes``) as statuses; 0: it can be served
+REJECTIONS = (None, Status.REJECTED_PROMPT_TOO_LONG, Status.REJECTED_PREFILL_CAPACITY,
+              Status.REJECTED_DECODE_CAPACITY)
 
 
 class Ledger:
@@ -46,6 +49,13 @@ class Ledger:
         self.rejected = np.zeros(n, dtype=bool)   # rejected at arrival (the router's verdict)
         self._admitted_by: list[int] | None = None  # admitted among the first k + 1 arrivals
         self.kv_bytes = array("q", bytes(8 * n))
+
+    def judge(self, reject_codes) -> list[Status | None]:
+        """Per request, why no instance could ever serve it (``REJECTIONS``), from the
+        router's ``reject_codes(prompt lengths, output lengths) -> codes`` over the trace."""
+        code = reject_codes(self.trace.num_prompt_tokens, self.trace.num_output_tokens)
+        self.rejected = code != 0
+        return [REJECTIONS[c] for c in code.tolist()]
 
     def fail(self, i: int, status: Status, now: float) -> None:
         assert self.status[i] is None, f"request {i} already ended as {self.status[i]}"

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.schema import Status
-
 
 class Router:
     def __init__(self, env, ledger, prefills, decodes, route, max_context: int, progress=None,
@@ -36,21 +34,20 @@ class Router:
         else:
             env.process(self.run())
 
-    def reject_reasons(self) -> list[Status | None]:
-        """Per request, why no instance could ever serve it (None: it can be served). The
-        checks depend only on its lengths and on fixed capacities, so the whole trace is
-        checked at once; instances of a role are alike."""
-        trace = self.ledger.trace
-        prompt, output = trace.num_prompt_tokens, trace.num_output_tokens
+    def reject_reasons(self):
+        """Per request, why no instance could ever serve it (None: it can be served), as the
+        ledger judges by ``reject_codes``: the whole trace at once, or chunk by chunk as the
+        requests stream in (``sim.stream``)."""
+        return self.ledger.judge(self.reject_codes)
+
+    def reject_codes(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+        """Rejection codes (``sim.ledger.REJECTIONS``) of requests of these lengths. The
+        checks depend only on lengths and fixed capacities; instances of a role are alike."""
         too_long = (prompt + output > self.max_context) | (
             prompt > self.prefills[0].max_batch_tokens)
         no_prefill = ~self.prefills[0].fits_many(prompt)
         no_decode = ~self.decodes[0].fits_many(prompt, output)
-        code = np.select([too_long, no_prefill, no_decode], [1, 2, 3], 0)
-        self.ledger.rejected = code != 0
-        table = [None, Status.REJECTED_PROMPT_TOO_LONG, Status.REJECTED_PREFILL_CAPACITY,
-                 Status.REJECTED_DECODE_CAPACITY]
-        return [table[c] for c in code.tolist()]
+        return np.select([too_long, no_prefill, no_decode], [1, 2, 3], 0)
 
     def _admit(self, i: int, prefill) -> bool:
         """Admit request ``i`` at its arrival: queue it on ``prefill`` or end it rejected."""

@@ -15,6 +15,11 @@ from sim.config import ConfigError, RunConfig, WorkloadConfig
 #: imports and tables); budgeted at 1 KB per request (the records table, its parquet copy)
 BYTES_PER_REQUEST = 1024
 BASE_BYTES = 300e6
+#: a streamed run (``sim.stream``) holds only the requests in flight, two chunks of inputs
+#: and a row group of records, whatever its length: budgeted at STREAM_BYTES, plus the
+#: trace's columns (~40 B a request) when a trace, not a generator, supplies the requests
+STREAM_BYTES = 200e6
+TRACE_BYTES_PER_REQUEST = 48
 
 
 def expected_num_requests(workload: WorkloadConfig) -> float | None:
@@ -40,22 +45,38 @@ def available_memory_bytes() -> float | None:
     return None
 
 
+def run_bytes(num_requests: float, streamed: bool = False, trace_held: bool = False) -> float:
+    """Estimated peak memory of one run: in memory, per request; streamed, a fixed budget
+    plus the trace's columns when it is held whole."""
+    if not streamed:
+        return BASE_BYTES + num_requests * BYTES_PER_REQUEST
+    return BASE_BYTES + STREAM_BYTES + (num_requests * TRACE_BYTES_PER_REQUEST
+                                        if trace_held else 0.0)
+
+
 def check_run_size(num_requests: float, copies: int = 1, what: str = "the run",
-                   extra_bytes: float = 0.0) -> None:
+                   extra_bytes: float = 0.0, streamed: bool = False,
+                   trace_held: bool = False) -> None:
     """Refuse up front a run that cannot finish in this machine's memory, with the estimate.
 
     ``copies`` runs side by side (a sweep's worker processes) each hold ``num_requests``;
-    ``extra_bytes`` is held once besides (a sweep's summaries)."""
-    need = copies * (BASE_BYTES + num_requests * BYTES_PER_REQUEST) + extra_bytes
+    ``extra_bytes`` is held once besides (a sweep's summaries). A ``streamed`` run holds a
+    fixed amount (``run_bytes``)."""
+    need = copies * run_bytes(num_requests, streamed, trace_held) + extra_bytes
     have = available_memory_bytes()
     if have is not None and need > have:
         side = f" x {copies} runs side by side" if copies > 1 else ""
+        per = (f"{STREAM_BYTES / 1e6:.0f} MB streamed" + (
+            f" + {TRACE_BYTES_PER_REQUEST} B per request of trace" if trace_held else "")
+            if streamed else f"{BYTES_PER_REQUEST} B per request")
         raise ConfigError(
             f"{what}: {num_requests:,.0f} requests{side} need about {need / 1e9:,.1f} GB "
-            f"({BYTES_PER_REQUEST} B per request + {BASE_BYTES / 1e6:.0f} MB per run"
+            f"({per} + {BASE_BYTES / 1e6:.0f} MB per run"
             f"{f' + {extra_bytes / 1e9:,.1f} GB of summaries' if extra_bytes else ''}), but "
             f"this machine has {have / 1e9:,.1f} GB available; simulate fewer requests "
             f"(num_requests, rate x duration_s)"
+            + ("" if streamed else f", or stream the records (--stream; runs over "
+               f"{_stream_min():,} requests stream by default)")
             + (", run fewer at once (--workers)" if copies > 1 else "")
             + (", or sweep fewer points (--rates, --seeds)" if extra_bytes else ""))
 
@@ -70,3 +91,9 @@ def check_sweep_size(config: RunConfig, rates, num_seeds: int, workers: int | No
     largest = expected_num_requests(dataclasses.replace(config.workload, rate=max(rates)))
     check_run_size(largest or 0, copies, f"the sweep of {points:,} points",
                    extra_bytes=points * 10_000)
+
+
+def _stream_min() -> int:
+    from sim.stream import STREAM_MIN_REQUESTS
+
+    return STREAM_MIN_REQUESTS

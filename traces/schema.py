@@ -209,6 +209,10 @@ def write_records(frame, path: str | Path) -> Path:
     """Write records to ``.parquet`` or ``.csv`` (chosen by suffix). Deterministic bytes."""
     path = Path(path)
     frame = validate_records(frame)
+    if path.is_dir():                      # a streamed run's dataset (traces.record_stream)
+        from traces.record_stream import clear_records
+
+        clear_records(path)
     if path.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -224,11 +228,16 @@ def write_records(frame, path: str | Path) -> Path:
 
 
 def read_records(path: str | Path):
-    """Read records written by ``write_records`` (or by any mode) and validate them."""
+    """Read records written by ``write_records`` (or by any mode, or streamed as a dataset
+    directory by ``traces.record_stream``) and validate them."""
     import pandas as pd
 
     path = Path(path)
     if path.suffix == ".parquet":
+        if path.is_dir():                  # a dataset of row groups (traces.record_stream)
+            from traces.record_stream import check_complete
+
+            check_complete(path)
         frame = pd.read_parquet(path)
     elif path.suffix == ".csv":
         frame = pd.read_csv(path, keep_default_na=True)

@@ -11,15 +11,19 @@ The fit is honest by construction:
 - ``fit`` runs ``scipy.optimize.least_squares`` (bounded, trust-region) from the starting point
   on residuals scaled by each target's tolerance (ratios 15% relative, knees 0.05 req/s, gaps
   2 points), so a residual of 1 is a target just missed.
-- ``leave_one_out`` predicts each target by a fit that did not see it: from the full fit's
-  optimum, without that target's residual, Gauss-Newton steps on the full fit's Jacobian
-  (``LOO_STEPS`` steps, each one true evaluation), then the model's value for the left-out
-  target at that refit. Cheaper than refitting from the start, and stated as such.
+- ``leave_one_out`` predicts each target by a refit that did not see it: the same
+  ``least_squares`` on the other targets' residuals, warm-started from the full fit's optimum
+  (at most ``LOO_NFEV`` function evaluations, each with its Jacobian), then the model's value
+  for the left-out target at that refit. The refits run in parallel over targets.
 
 The serving targets come from sweeps of ``hawk paper``'s length (``FIT_REQUESTS`` per point)
-with one seed and a coarser grid, the knee interpolated between grid rates, so the objective moves with the parameters; ``hawk paper``
-then reports every target at its full settings beside the fit's record. The fit writes the
-profile (values substituted into the template, comments kept) and ``<profile>_fit.toml``.
+on one seed, the same arrivals for every parameter vector (common random numbers), with the
+knee interpolated between grid rates, so the objective moves smoothly with the parameters.
+Its noise is stated, not hidden: ``noise`` evaluates the fitted profile on ``NOISE_SEEDS`` and
+records each target's standard deviation over seeds beside its residual. ``hawk paper`` then
+reports every target at its full settings beside the fit's record. The fit writes the profile
+(values substituted into the template, comments kept) and ``<profile>_fit.toml``
+(``sim.fit_record``).
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ import math
 import re
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from sim.fit_record import fit_record, report_lines, to_toml
 from sim.paper_checks import Target, load_fit_record, paper_targets, residual  # noqa: F401
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -42,7 +47,8 @@ FIT_REQUESTS = {"chatbot": 1500, "summarization": 1500}   # as hawk paper: short
                                                            # knees too high (queues build slowly)
 FIT_RATES = {"chatbot": [round(0.2 + 0.1 * k, 2) for k in range(19)],         # 0.2..2.0
              "summarization": [round(0.2 + 0.1 * k, 2) for k in range(14)]}    # 0.2..1.5
-LOO_STEPS = 1
+LOO_NFEV = 3         # each left-out refit: function evaluations from the full fit's optimum
+NOISE_SEEDS = (0, 1, 2, 3, 4)   # the fitted profile's serving targets over these seeds
 
 
 @dataclass(frozen=True)
@@ -125,9 +131,11 @@ def _aligned(m: re.Match, text: str) -> str:
 
 
 # -- the model: every target for one parameter vector -------------------------------------
-def model(values: dict[str, float], template: str, workdir: str, reduced: bool = True) -> dict:
+def model(values: dict[str, float], template: str, workdir: str, reduced: bool = True,
+          seed: int = 0) -> dict:
     """Every target's value under ``template`` with ``values`` set (one profile file per
-    vector in ``workdir``, so worker processes and caches never mix two vectors)."""
+    vector in ``workdir``, so worker processes and caches never mix two vectors); the
+    reduced sweeps run on arrivals of ``seed``."""
     from sim import paper
 
     text = render(template, with_derived(values))
@@ -138,7 +146,7 @@ def model(values: dict[str, float], template: str, workdir: str, reduced: bool =
     result = {"fig9": paper.figure9(profile, sizes_mb=(10, 1280)), "table1": paper.table1(profile),
               "knees": {}, "throughput_at_knee": {}, "efficiency": {}}
     for workload in ("chatbot", "summarization"):
-        serving = _serving(workload, profile) if reduced else paper.serving(
+        serving = _serving(workload, profile, seed) if reduced else paper.serving(
             workload, ("GG-Host", "GN-Host", "GG-Direct", "GN-HAWK"), profile=profile)
         result["knees"][workload] = {n: r["knee_rate"] for n, r in serving.items()}
         result["throughput_at_knee"][workload] = {
@@ -150,7 +158,7 @@ def model(values: dict[str, float], template: str, workdir: str, reduced: bool =
     return {what: ours for _, what, ours, _ in target_values(result)}
 
 
-def _serving(workload: str, profile: str) -> dict:
+def _serving(workload: str, profile: str, seed: int = 0) -> dict:
     """Reduced sweeps: rates ascend until attainment stays below 90% twice; the knee is
     interpolated where attainment crosses 90% (None: below it at the lowest rate)."""
     from sim import paper
@@ -162,13 +170,13 @@ def _serving(workload: str, profile: str) -> dict:
             **{"workload.num_requests": FIT_REQUESTS[workload]})
         att, below = [], 0
         for rate in FIT_RATES[workload]:
-            att.append(simulate(config.replace(**{"workload.rate": rate, "seed": 0})
+            att.append(simulate(config.replace(**{"workload.rate": rate, "seed": seed})
                                 ).summary["slo_attainment"])
             below = below + 1 if att[-1] < 0.9 else 0
             if below == 2:
                 break
         knee = interpolated_knee(FIT_RATES[workload][:len(att)], att)
-        out[name] = {"knee_rate": knee, "at_knee": paper.at_rate(config, knee, [0])}
+        out[name] = {"knee_rate": knee, "at_knee": paper.at_rate(config, knee, [seed])}
     return out
 
 
@@ -190,18 +198,20 @@ class Fit:
     values: dict[str, float]
     predicted: dict[str, float]        # every target's value at the fit
     residuals: dict[str, float]        # scaled by tolerance
-    loo: dict[str, float]              # each target's value from a fit that did not see it
+    loo: dict[str, float]              # each target's value from a refit that did not see it
     loo_residuals: dict[str, float]
-    num_evaluations: int
+    num_evaluations: int               # the full fit's model evaluations
     cost: float
+    loo_evaluations: dict[str, int] = field(default_factory=dict)  # each refit's new ones
 
 
 class _Objective:
     """Parameters in [0, 1] (log-scaled between bounds) -> scaled residuals, memoised."""
 
-    def __init__(self, params, targets, evaluate: Callable[[dict], dict], workers: int = 1):
+    def __init__(self, params, targets, evaluate: Callable[[dict], dict], workers: int = 1,
+                 cache: dict | None = None):
         self.params, self.targets, self.evaluate = params, targets, evaluate
-        self.cache: dict[tuple, dict] = {}
+        self.cache: dict[tuple, dict] = dict(cache or {})
         self.workers = workers
 
     def values(self, u: np.ndarray) -> dict[str, float]:
@@ -214,16 +224,10 @@ class _Objective:
 
     def outputs(self, us: list[np.ndarray]) -> list[dict]:
         keys = [tuple(np.round(u, 12)) for u in us]
-        todo = [(k, self.values(u)) for k, u in zip(keys, us) if k not in self.cache]
+        todo = {k: self.values(u) for k, u in zip(keys, us) if k not in self.cache}
         if todo:
-            vectors = [v for _, v in todo]
-            if self.workers > 1 and len(vectors) > 1:
-                with ProcessPoolExecutor(self.workers) as pool:
-                    results = list(pool.map(self.evaluate, vectors))
-            else:
-                results = [self.evaluate(v) for v in vectors]
-            for (k, _), r in zip(todo, results):
-                self.cache[k] = r
+            results = _map(self.evaluate, list(todo.values()), self.workers)
+            self.cache.update(zip(todo, results))
         return [self.cache[k] for k in keys]
 
     def residuals(self, out: dict, targets=None) -> np.ndarray:
@@ -246,127 +250,130 @@ class _Objective:
         return np.column_stack(cols)
 
 
-def fit(params, targets, evaluate: Callable[[dict], dict], start: dict | None = None,
-        max_nfev: int = 12, workers: int = 1, loo: bool = True) -> Fit:
-    """Least squares from ``start`` (default: each parameter's ``start``) within bounds."""
+def _map(function, items: list, workers: int) -> list:
+    """``function`` over ``items`` in order, in a process pool when ``workers`` > 1."""
+    if workers > 1 and len(items) > 1:
+        with ProcessPoolExecutor(min(workers, len(items))) as pool:
+            return list(pool.map(function, items))
+    return [function(item) for item in items]
+
+
+def _least_squares(obj: _Objective, u0: np.ndarray, max_nfev: int):
     from scipy.optimize import least_squares
 
+    return least_squares(obj, u0, jac=lambda u: obj.jacobian(u), bounds=(0.0, 1.0),
+                         method="trf", x_scale=1.0, max_nfev=max_nfev, xtol=1e-3, ftol=1e-3)
+
+
+def fit(params, targets, evaluate: Callable[[dict], dict], start: dict | None = None,
+        max_nfev: int = 12, workers: int = 1, loo: bool = True,
+        loo_nfev: int = LOO_NFEV) -> Fit:
+    """Least squares from ``start`` (default: each parameter's ``start``) within bounds; then,
+    with ``loo``, every target's leave-one-out refit (``leave_one_out``)."""
     if len(params) >= len(targets):
         raise ValueError(f"{len(params)} free parameters for {len(targets)} targets: a fit "
                          f"needs clearly fewer parameters than targets")
     obj = _Objective(params, targets, evaluate, workers)
-    u0 = obj.unit(start or {p.name: p.start for p in params})
-    res = least_squares(obj, u0, jac=lambda u: obj.jacobian(u), bounds=(0.0, 1.0),
-                        method="trf", x_scale=1.0, max_nfev=max_nfev, xtol=1e-3, ftol=1e-3)
+    res = _least_squares(obj, obj.unit(start or {p.name: p.start for p in params}), max_nfev)
     best = obj.outputs([res.x])[0]
     r = obj.residuals(best)
-    loo_values = leave_one_out(obj, res.x, obj.jacobian(res.x)) if loo else {}
+    num_evaluations = len(obj.cache)
+    loo_values, loo_evals = {}, {}
+    if loo:
+        obj.jacobian(res.x)          # every refit starts here: its first Jacobian is shared
+        loo_values, loo_evals = leave_one_out(obj, res.x, loo_nfev)
     return Fit(values=obj.values(res.x),
                predicted={t.name: best.get(t.name) for t in targets},
                residuals={t.name: float(x) for t, x in zip(targets, r)},
                loo=loo_values,
                loo_residuals={t.name: residual(t, loo_values.get(t.name)) for t in targets
                               if t.name in loo_values},
-               num_evaluations=len(obj.cache), cost=float(0.5 * r @ r))
+               num_evaluations=num_evaluations, cost=float(0.5 * r @ r),
+               loo_evaluations=loo_evals)
 
 
-def leave_one_out(obj: _Objective, u: np.ndarray, jac: np.ndarray) -> dict[str, float]:
-    """Each target's value from a refit without it: ``LOO_STEPS`` damped Gauss-Newton steps
-    from ``u`` on the other targets' residuals with the full fit's Jacobian, within bounds."""
-    n = len(obj.targets)
-    xs = [u.copy() for _ in range(n)]
-    for _ in range(LOO_STEPS):                     # one step for every target at once
-        outs = obj.outputs(xs)
-        for i, (x, o) in enumerate(zip(xs, outs)):
-            keep = [k for k in range(n) if k != i]
-            r, j = obj.residuals(o)[keep], jac[keep]
-            step = np.linalg.solve(j.T @ j + 1e-3 * np.eye(len(x)), -j.T @ r)
-            xs[i] = np.clip(x + step, 0.0, 1.0)
-    outs = obj.outputs(xs)
-    return {t.name: o.get(t.name) for t, o in zip(obj.targets, outs)}
+def leave_one_out(obj: _Objective, u: np.ndarray,
+                  max_nfev: int = LOO_NFEV) -> tuple[dict[str, float], dict[str, int]]:
+    """Each target's value from a refit without it: ``least_squares`` on the other targets,
+    from the full fit's optimum ``u`` (the full fit's evaluations shared as a cache), at most
+    ``max_nfev`` function evaluations; refits in parallel over targets with ``obj.workers``.
+    Returns the values and each refit's number of new model evaluations."""
+    jobs = [(obj.params, obj.targets, i, obj.evaluate, u, obj.cache, max_nfev)
+            for i in range(len(obj.targets))]
+    done = _map(_refit_without, jobs, obj.workers)
+    names = [t.name for t in obj.targets]
+    return ({n: value for n, (value, _) in zip(names, done)},
+            {n: count for n, (_, count) in zip(names, done)})
+
+
+def _refit_without(job) -> tuple[float | None, int]:
+    params, targets, i, evaluate, u, cache, max_nfev = job
+    obj = _Objective(params, [t for k, t in enumerate(targets) if k != i], evaluate, 1, cache)
+    res = _least_squares(obj, u, max_nfev)
+    value = obj.outputs([res.x])[0].get(targets[i].name)
+    return value, len(obj.cache) - len(cache)
+
+
+def noise(values: dict[str, float], evaluate: Callable[..., dict], targets,
+          seeds=NOISE_SEEDS, workers: int = 1) -> dict[str, float]:
+    """Each target's standard deviation over ``seeds`` at ``values`` (0 for the closed-form
+    ones): how far one seed's value, on which the fit runs, may sit from the mean. NaN where
+    some seeds give no value (no knee) and others do."""
+    import functools
+
+    outs = _map(functools.partial(_seeded, evaluate, values), list(seeds), workers)
+    out = {}
+    for t in targets:
+        xs = [o.get(t.name) for o in outs]
+        finite = [x for x in xs if x is not None and math.isfinite(x)]
+        out[t.name] = (float(np.std(finite)) if len(finite) == len(xs)
+                       else 0.0 if not finite else math.nan)   # never reached on any seed: 0
+    return out
+
+
+def _seeded(evaluate, values, seed):
+    return evaluate(values, seed=seed)
 
 
 # -- the command --------------------------------------------------------------------------
 def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
-              workers: int = 2, write: bool = True) -> dict:
+              workers: int = 2, write: bool = True, loo_nfev: int = LOO_NFEV) -> dict:
     """Fit ``PARAMETERS`` to the named target set; write the profile and its fit record."""
     if targets != "paper":
         raise ValueError(f"--targets {targets!r}: the one target set is 'paper'")
     import functools
+    import time
 
     template = (PROFILE_DIR / f"{profile}.toml").read_text()
     tlist = paper_targets()
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hawk-fit-") as workdir:
         evaluate = functools.partial(model, template=template, workdir=workdir)
-        result = fit(PARAMETERS, tlist, evaluate, max_nfev=max_nfev, workers=workers)
-    record = fit_record(result, tlist)
+        result = fit(PARAMETERS, tlist, evaluate, max_nfev=max_nfev, workers=workers,
+                     loo_nfev=loo_nfev)
+        fitted = time.monotonic()
+        spread = noise(result.values, evaluate, tlist, workers=workers)
+    settings = {"max_nfev": max_nfev, "loo_nfev": loo_nfev, "fit_requests": dict(FIT_REQUESTS),
+                "noise_seeds": list(NOISE_SEEDS)}
+    record = fit_record(result, tlist, PARAMETERS, spread, settings)
     if write:
         (PROFILE_DIR / f"{profile}.toml").write_text(render(template,
                                                             with_derived(result.values)))
         (PROFILE_DIR / f"{profile}_fit.toml").write_text(to_toml(record))
+    # not in the written record (same fit, same bytes): the command prints them
+    record["wall_s"] = {"fit_and_loo": fitted - started, "noise": time.monotonic() - fitted}
     return record
-
-
-def fit_record(result: Fit, targets) -> dict:
-    return {
-        "method": "scipy.optimize.least_squares (trf, bounded), forward-difference Jacobian; "
-                  "leave-one-out: damped Gauss-Newton refit without the target from the fit, "
-                  f"{LOO_STEPS} steps on the fit's Jacobian",
-        "free_parameters": len(PARAMETERS), "num_targets": len(targets),
-        "fit_requests": dict(FIT_REQUESTS), "num_evaluations": result.num_evaluations,
-        "parameters": {p.name: {"start": p.start, "low": p.low, "high": p.high,
-                                "fitted": result.values[p.name]} for p in PARAMETERS},
-        "targets": {t.name: {"kind": t.kind, "paper": t.paper,
-                             "fit_value": result.predicted.get(t.name),
-                             "residual": result.residuals[t.name],
-                             "loo_value": result.loo.get(t.name),
-                             "loo_residual": result.loo_residuals.get(t.name)}
-                    for t in targets},
-    }
-
-
-def to_toml(record: dict) -> str:
-    """A small TOML writer for the fit record (scalars, strings, nested tables)."""
-    lines = ["# Written by `hawk calibrate --targets paper` (sim/calibrate.py); do not edit.",
-             "# NaN: the paper's 'never reaches 90%'; a missing value: no knee in the model."]
-
-    def scalar(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if v is None:
-            return None
-        if isinstance(v, float):
-            return "nan" if math.isnan(v) else f"{v:.6g}"
-        return str(v)
-
-    def emit(prefix: str, table: dict) -> None:
-        simple = {k: v for k, v in table.items() if not isinstance(v, dict)}
-        nested = {k: v for k, v in table.items() if isinstance(v, dict)}
-        if prefix:
-            lines.append(f"\n[{prefix}]")
-        for k, v in simple.items():
-            s = scalar(v)
-            if s is not None:
-                lines.append(f"{_key(k)} = {s}")
-        for k, v in nested.items():
-            emit(f"{prefix}.{_key(k)}" if prefix else _key(k), v)
-
-    emit("", record)
-    return "\n".join(lines) + "\n"
-
-
-def _key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else '"' + k + '"'
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="fit the profile's free parameters to targets")
     p.add_argument("--targets", default="paper", help="target set (paper)")
     p.add_argument("--max-evaluations", type=int, default=8,
-                   help="least-squares iterations (each one Jacobian)")
-    p.add_argument("--workers", type=int, default=2, help="parallel model evaluations")
+                   help="least-squares function evaluations of the fit (each with a Jacobian)")
+    p.add_argument("--loo-evaluations", type=int, default=LOO_NFEV,
+                   help="the same for each leave-one-out refit, from the fit's optimum")
+    p.add_argument("--workers", type=int, default=2,
+                   help="parallel model evaluations (Jacobian columns, refits, seeds)")
     p.add_argument("--dry-run", action="store_true", help="fit and report; write nothing")
     p.set_defaults(func=_handler)
 
@@ -375,27 +382,16 @@ def _handler(args) -> int:
     from sim.config import ConfigError
 
     try:
+        for flag in ("max_evaluations", "loo_evaluations", "workers"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: "
+                                 f"must be at least 1")
         record = calibrate(args.targets, max_nfev=args.max_evaluations, workers=args.workers,
-                           write=not args.dry_run)
+                           write=not args.dry_run, loo_nfev=args.loo_evaluations)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     print(report_lines(record))
+    wall = record["wall_s"]
+    print(f"\nwall time: fit and leave-one-out {wall['fit_and_loo']:.0f} s, "
+          f"noise over seeds {wall['noise']:.0f} s")
     return 0
-
-
-def report_lines(record: dict) -> str:
-    rows = [f"{record['free_parameters']} free parameters, {record['num_targets']} targets "
-            f"({record['num_evaluations']} model evaluations)", "",
-            f"{'parameter':45s} {'start':>10s} {'fitted':>10s}  bounds"]
-    for name, p in record["parameters"].items():
-        rows.append(f"{name:45s} {p['start']:10.4g} {p['fitted']:10.4g}  "
-                    f"[{p['low']:.4g}, {p['high']:.4g}]")
-    rows += ["", f"{'target':55s} {'paper':>8s} {'fit':>8s} {'resid':>6s} {'LOO':>8s} "
-             f"{'LOO res':>7s}"]
-    fmt = lambda x: "never" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
-    for name, t in record["targets"].items():
-        lr = t.get("loo_residual")
-        rows.append(f"{name:55s} {fmt(t['paper']):>8s} {fmt(t.get('fit_value')):>8s} "
-                    f"{t['residual']:+6.2f} {fmt(t.get('loo_value')):>8s} "
-                    f"{'' if lr is None else f'{lr:+7.2f}'}")
-    return "\n".join(rows)

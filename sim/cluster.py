@@ -210,6 +210,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         "prefill_batches": [p.num_batches for p in prefills],
         "decode_busy_s": [d.busy_within(env.now) for d in decodes],
         "decode_iterations": [d.num_iterations for d in decodes],
+        "decode_wakeups": [d.num_wakeups for d in decodes],
         "link_busy_s": max(link.busy_within(env.now) for link in links),   # busiest NIC
         "link_bytes": sum(link.bytes_moved for link in links),
         "prefill_buffer_blocks": prefill_blocks,

@@ -20,9 +20,9 @@ Fast-forward (docs/design.md): between batch changes the batch is fixed, so the 
 one timer for the ``k`` iterations until the next finish, timed in closed form by the predictor
 (``decode_time``). A request landing mid-run, or a change of host slowdown, takes effect at the
 next iteration boundary (``decode_next_boundary``): the instance commits the run up to that
-boundary and plans the next run from it at once, so a join costs no event of its own. The live
-timer is kept when the new run ends later (it re-arms when it fires) and replaced when it ends
-sooner (only the latest timer counts; a superseded one does nothing when it fires). Committed
+boundary and plans the next run from it at once, so a join costs no event of its own. The
+instance's one timer (``sim.timers.MovableTimer``) is then moved to the new run's end, earlier
+or later, in place: a replan adds no event, and no timer fires stale or re-arms. Committed
 iterations may run up to one iteration ahead of the clock; a run cut short (``until``) shows
 only what had happened by the cut (``Ledger.frame``). With ``fast_forward=False`` every
 iteration is its own timer: the oracle the fast path is tested against.
@@ -35,12 +35,12 @@ from collections import deque
 
 import numpy as np
 import simpy
-from simpy.events import Timeout
 
 from policies.admission import ADMISSION, reserve_tokens
 from policies.batching import fcfs_decode_admit
 from sim.faults import DecodeFaults
 from sim.link import HostQueue
+from sim.timers import MovableTimer
 from traces.schema import Status
 
 
@@ -66,12 +66,12 @@ class DecodeInstance(DecodeFaults):
         self._host_jobs = 0               # host-staged after phases running on this node
         self._factor = 1.0                # step-time factor in force (host slowdown)
         self._plan: tuple | None = None   # (start_at, batch, context, steps, factor)
-        self._timer = None                # the live timer; any other one that fires is stale
-        self._timer_at = 0.0              # when the live timer fires
+        self._timer = MovableTimer(env, self._on_timer)   # at the live run's end
         self._timer_steps = 0             # iterations of the live run
-        self._end = 0.0                   # when the live run ends (>= _timer_at)
+        self._end = 0.0                   # when the live run ends
         self.busy_time = 0.0              # runs committed so far (up to the live plan's start)
         self.num_iterations = 0
+        self.num_wakeups = 0              # timer firings: each ends a run at a boundary
         # KV admission (policies.admission). A staging pool (GN-Direct's single buffer) lays
         # each request out whole when it lands, so it reserves prompt + output whatever the
         # policy: on-demand growth is modelled for the block and HAWK pools.
@@ -343,19 +343,9 @@ class DecodeInstance(DecodeFaults):
             self.iteration += done
         self._admit_and_plan(at, now)
 
-    def _set_timer(self, end: float, now: float) -> None:
-        self._timer_at = end
-        timer = self._timer = Timeout(self.env, end - now if end > now else 0.0)
-        timer.callbacks.append(self._on_timer)
-
-    def _on_timer(self, timer) -> None:
-        if timer is not self._timer:
-            return                                     # superseded by an earlier timer
-        if self._end > self._timer_at:                 # the run grew after this timer was set
-            self._set_timer(self._end, self.env.now)
-        else:
-            self._timer = None
-            self._boundary(self._timer_steps)
+    def _on_timer(self) -> None:
+        self.num_wakeups += 1
+        self._boundary(self._timer_steps)
 
     def _boundary(self, steps: int) -> None:
         """``steps`` iterations of the live run have completed: finish, admit, replan."""
@@ -420,13 +410,11 @@ class DecodeInstance(DecodeFaults):
             self._plan = (at, batch, context, steps, factor)
             end = at + factor * self.predictor.decode_time(batch, context, steps)
             self._timer_steps, self._end = steps, end
-            # A live timer that fires no later is kept (it re-arms when it fires, _on_timer);
-            # an earlier end needs a new timer, and the old one goes stale.
-            if self._timer is None or end < self._timer_at:
-                self._set_timer(end, now)
+            if end != self._timer.at:
+                self._timer.set(end)               # moved, or set when none is pending
         else:
             self._plan = None
-            self._timer = None
+            self._timer.cancel()
             self._idle_at = at                 # a boundary planned ahead ends there
             if kv is not None:
                 self._slack = self.memory.free_blocks

@@ -106,7 +106,8 @@ class DecodeFaults:
         self.lost = True
         if self._plan is not None:
             self.busy_time += min(now, self._end) - self._plan[0]
-        self._plan = self._timer = None
+        self._plan = None
+        self._timer.cancel()
         reroute = self.reroute if self.faults.config.on_instance_loss == "reroute" else None
         for i, source in self.pending:
             if source is not None and reroute is not None:

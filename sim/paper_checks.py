@@ -8,7 +8,8 @@ comparison table is made from it). ``checks(result)`` returns one row per claim:
 our value, the paper's, the tolerance, whether it holds, and whether the paper profile was
 fitted to it (``fitted``: the target is one of those ``hawk calibrate --targets paper`` fits,
 sim/calibrate.py) or it is a prediction (orderings, TTFT and TPOT claims, the single buffer,
-GGH-Direct). Tolerances: knees within +-0.05 req/s, ratios within 15% relative, throughput
+GGH-Direct); a fitted check names its ``target``, so ``hawk paper`` can put beside it the
+value a refit that did not see it predicts (leave-one-out). Tolerances: knees within +-0.05 req/s, ratios within 15% relative, throughput
 gaps within 2 points of the paper's.
 
 Both workloads are targets: Chatbot (SLOs TTFT 2 s, TPOT 0.2 s) and Summarization (TTFT 15 s,
@@ -109,9 +110,10 @@ def _finite(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def _row(what: str, ours, paper, tolerance: str, holds: bool) -> dict:
+def _row(what: str, ours, paper, tolerance: str, holds: bool, target: str | None = None) -> dict:
+    """One check; ``target``: the fit target it checks (None: a prediction)."""
     return {"check": what, "ours": ours, "paper": paper, "tolerance": tolerance,
-            "holds": bool(holds), "fitted": what in fitted_targets()}
+            "holds": bool(holds), "fitted": target in fitted_targets(), "target": target}
 
 
 def target_values(result: dict) -> list[tuple[str, str, object, float]]:
@@ -147,15 +149,15 @@ def target_values(result: dict) -> list[tuple[str, str, object, float]]:
 def _check(kind: str, what: str, ours, paper) -> dict:
     if kind == "ratio":
         return _row(what, ours, paper, "15% relative",
-                    _finite(ours) and abs(ours / paper - 1) <= RATIO_TOLERANCE)
+                    _finite(ours) and abs(ours / paper - 1) <= RATIO_TOLERANCE, what)
     if kind == "gap":
         return _row(what, ours, paper, f"within {THROUGHPUT_GAP:.0%} of the paper's",
-                    _finite(ours) and abs(ours - paper) <= THROUGHPUT_GAP + 1e-12)
+                    _finite(ours) and abs(ours - paper) <= THROUGHPUT_GAP + 1e-12, what)
     if _finite(paper):
         return _row(what, ours, paper, "+-0.05 req/s",
-                    _finite(ours) and abs(ours - paper) <= KNEE_TOLERANCE + 1e-9)
+                    _finite(ours) and abs(ours - paper) <= KNEE_TOLERANCE + 1e-9, what)
     return _row(what.replace(" knee ", " ") + " never reaches 90% attainment", ours, None,
-                "no knee on the rate grid", not _finite(ours))
+                "no knee on the rate grid", not _finite(ours), what)
 
 
 def checks(result: dict) -> list[dict]:

@@ -188,3 +188,17 @@ def test_busy_time_of_a_cut_run_matches_the_oracle(mechanism):
             assert last is None or all(v >= w for v, w in zip(values, last))
             last = values
         assert min(values) > 0
+
+
+@pytest.mark.parametrize("mechanism,decodes", [("GN-HAWK", 1), ("GN-Host", 2)])
+def test_every_decode_wakeup_is_a_finish(mechanism, decodes):
+    """Joins and step-time changes move the one timer of an instance (sim.timers): it fires
+    only where a run ends, at a finish, never stale or to re-arm (memory is ample here, so no
+    run is cut short for blocks)."""
+    config = make_config(**{"cluster.link.mechanism": mechanism,
+                            "cluster.decode.num_instances": decodes})
+    result = simulate(config, random_trace(np.random.default_rng(3), 300, 1.5))
+    assert result.stats["decode_preemptions"] == [0] * decodes
+    records = result.records[result.records["num_output_tokens"] > 1]   # 1: done on landing
+    finishes = records.groupby("decode_instance")["finished_at"].nunique()
+    assert result.stats["decode_wakeups"] == [finishes[k] for k in range(decodes)]

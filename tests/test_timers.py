@@ -1,0 +1,71 @@
+"""MovableTimer: one pending firing, moved in SimPy's queue, ordered as a new timer would be."""
+
+import simpy
+from simpy.events import NORMAL, Timeout
+
+from sim.timers import MovableTimer
+
+
+def test_simpy_queue_layout_the_timer_relies_on():
+    env = simpy.Environment()
+    timeout = Timeout(env, 2.5)
+    (entry,) = env._queue
+    assert entry[0] == 2.5 and entry[1] == NORMAL and entry[3] is timeout
+    assert next(env._eid) == entry[2] + 1
+
+
+def run_log(moves):
+    """Set a timer at 5, then at each (instant, new_at) of ``moves`` move it; a plain timer
+    also fires at 5. Returns (fire log, events processed)."""
+    env, log = simpy.Environment(), []
+    timer = MovableTimer(env, lambda: log.append(("timer", env.now)))
+    timer.set(5.0)
+    Timeout(env, 5.0).callbacks.append(lambda _e: log.append(("plain", env.now)))
+    for when, new_at in moves:
+        Timeout(env, when).callbacks.append(lambda _e, a=new_at: timer.set(a))
+    events = 0
+    while env.peek() < float("inf"):
+        env.step()
+        events += 1
+    return log, events
+
+
+def test_a_timer_moved_later_or_earlier_fires_once_there():
+    assert run_log([(1.0, 8.0)]) == ([("plain", 5.0), ("timer", 8.0)], 3)
+    assert run_log([(1.0, 3.0)]) == ([("timer", 3.0), ("plain", 5.0)], 3)
+    assert run_log([(1.0, 8.0), (2.0, 2.5)]) == ([("timer", 2.5), ("plain", 5.0)], 4)
+
+
+def test_a_moved_timer_orders_among_same_instant_events_as_a_new_timer():
+    """Moved at 1 to 5, it sorts after the plain timer set at 0 for 5, as a Timeout made at
+    1 would; set at 0 for 5, it sorts before it."""
+    assert run_log([(1.0, 5.0)])[0] == [("plain", 5.0), ("timer", 5.0)]
+    assert run_log([])[0] == [("timer", 5.0), ("plain", 5.0)]
+
+
+def test_a_past_instant_fires_now_and_a_cancelled_timer_does_nothing():
+    env, log = simpy.Environment(), []
+    timer = MovableTimer(env, lambda: log.append(env.now))
+    env.run(until=2.0)
+    timer.set(1.0)
+    assert timer.at == 1.0 and timer.pending
+    env.run(until=3.0)
+    assert log == [2.0] and not timer.pending
+    timer.set(4.0)
+    timer.cancel()
+    env.run()
+    assert log == [2.0] and env.now == 4.0       # the firing stays in the queue, inert
+
+
+def test_a_timer_set_from_its_own_callback_schedules_a_new_firing():
+    env, log = simpy.Environment(), []
+
+    def tick():
+        log.append(env.now)
+        if len(log) < 3:
+            timer.set(env.now + 1.0)
+
+    timer = MovableTimer(env, tick)
+    timer.set(1.0)
+    env.run()
+    assert log == [1.0, 2.0, 3.0]

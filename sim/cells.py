@@ -254,23 +254,50 @@ def simulate_cells(config: RunConfig, trace: Trace | None = None, *, workers: in
     ``sim.sweep.run_parallel``). ``records_path``: where the merged records go (Parquet);
     without it they are merged in a temporary folder for the summary and removed."""
     from sim.cells_summary import merged_summary
-    from sim.cluster import workload_trace
     from sim.sweep import iter_parallel
 
-    wall = time.perf_counter()
-    trace = trace if trace is not None else workload_trace(config)
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+        clock.append(time.perf_counter())
+        return clock[-1] - clock[-2]
+
+    trace = trace if trace is not None else cells_trace(config, workers)
     jobs = cell_jobs(config, trace)
+    del trace                   # the shares hold the requests from here on
+    phases = {"split_s": lap()}
     with tempfile.TemporaryDirectory(prefix="hawk-cells-") as tmp:
         paths, outcomes = _run_jobs(jobs, Path(tmp), workers, ray_address, progress,
                                     iter_parallel)
+        phases["cells_s"] = lap()
         merged = Path(records_path) if records_path is not None else Path(tmp) / "records.parquet"
         merge_records(paths, merged)
+        phases["merge_s"] = lap()
         summary = merged_summary(merged, config, jobs, outcomes)
-    timing = {"wall_time_s": time.perf_counter() - wall,
+        phases["summary_s"] = lap()
+    timing = {"wall_time_s": clock[-1] - clock[0], **phases,
               "backend": "ray" if ray_address is not None else "processes",
               "workers": workers, "ray_address": ray_address,
               "cell_wall_time_s": [o.wall_time_s for o in outcomes]}
     return CellsResult(config, summary, Path(records_path) if records_path else None, timing)
+
+
+def cells_trace(config: RunConfig, workers: int | None) -> Trace:
+    """The config's workload, its size checked against memory as cells hold it: each cell
+    process a share, ``workers`` of them at once (``sim.run_size``)."""
+    import os
+
+    from sim.cluster import workload_trace
+    from sim.run_size import check_run_size, expected_num_requests
+    from traces.workloads import make_workload
+
+    w, count = config.workload, config.cells.count
+    if w.trace is not None:
+        return workload_trace(config)
+    side_by_side = min(count, workers or os.cpu_count() or 1)
+    check_run_size(expected_num_requests(w) / count, side_by_side,
+                   f"each of {count} cells, {side_by_side} at once")
+    return make_workload(w.name, w.rate, w.num_requests, w.duration_s, seed=config.seed)
 
 
 def _run_jobs(jobs: list[CellJob], folder: Path, workers, ray_address, progress,

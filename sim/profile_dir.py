@@ -52,7 +52,7 @@ MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_
 #: (hardware.serve.worker: --max-batch-size 32, --num-blocks 256 of 16 tokens)
 SERVING_FIELDS = ("prefill_max_batch_tokens", "decode_max_batch", "kv_block_tokens",
                   "num_kv_tokens")
-SERVING_DEFAULTS = {"prefill_max_batch": 32, "prefill_num_blocks": 256,
+SERVING_DEFAULTS = {"prefill_max_batch_size": 32, "prefill_num_blocks": 256,
                     "prefill_block_tokens": 16}
 
 
@@ -78,11 +78,20 @@ class MeasuredProfile:
     machine: dict = field(default_factory=dict)
 
     def kv_bytes(self, num_tokens: int) -> float:
-        """One request's KV in [serving] kv_dtype: 2 x layers x KV heads x head_dim x tokens."""
-        return self.model.kv_bytes_per_token(self.kv_dtype) * num_tokens
+        """One request's KV as transfer.csv counts bytes: [serving] kv_bytes_per_token per
+        token where given (``hawk real profile``: the prefill worker's paged cache, every
+        layer's K and V in the model's dtype), else 2 x layers x KV heads x head_dim x the
+        bytes of [serving] kv_dtype."""
+        per_token = self.serving.get("kv_bytes_per_token") or self.model.kv_bytes_per_token(
+            self.kv_dtype)
+        return per_token * num_tokens
 
     @property
     def default_mechanism(self) -> str:
+        """The mechanism the decode table was measured with, else GN-HAWK, else the first."""
+        chosen = self.serving.get("decode_mechanism")
+        if chosen in self.transfer:
+            return chosen
         return "GN-HAWK" if "GN-HAWK" in self.transfer else sorted(self.transfer)[0]
 
     def predictor(self):
@@ -209,6 +218,13 @@ def _model_and_serving(doc: dict, where: str):
     serving = {k: _whole(s, "serving", k, where) for k in SERVING_FIELDS}
     for key, default in SERVING_DEFAULTS.items():
         serving[key] = _whole(s, "serving", key, where) if key in s else default
+    if "kv_bytes_per_token" in s:         # the bytes transfer.csv counts per token
+        serving["kv_bytes_per_token"] = _whole(s, "serving", "kv_bytes_per_token", where)
+    decode_mechanism = s.get("decode_mechanism")
+    if decode_mechanism is not None and decode_mechanism not in MECHANISMS:
+        raise ProfileDirError(f"{where}: [serving] decode_mechanism = {decode_mechanism!r} "
+                              f"must be one of {sorted(MECHANISMS)}")
+    serving["decode_mechanism"] = decode_mechanism
     kv_dtype = s.get("kv_dtype")
     if kv_dtype not in DTYPE_BYTES:
         raise ProfileDirError(f"{where}: [serving] kv_dtype = {kv_dtype!r} must be one of "
@@ -268,7 +284,7 @@ def mirror_settings(profile: MeasuredProfile) -> dict:
     out = {"cluster.model": MEASURED_MODEL, "cluster.routing": "least_work",
            "cluster.decode_routing": "least_work",
            "cluster.link.mechanism": profile.default_mechanism, "cluster.link.latency_s": 0.0}
-    roles = {"prefill": (profile.stands_for_prefill, s["prefill_max_batch"],
+    roles = {"prefill": (profile.stands_for_prefill, s["prefill_max_batch_size"],
                          s["prefill_block_tokens"]),
              "decode": (profile.stands_for_decode, s["decode_max_batch"], s["kv_block_tokens"])}
     for role, (device, batch, block) in roles.items():

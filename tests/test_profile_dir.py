@@ -34,8 +34,13 @@ TRUE_TRANSFER = {"GN-HAWK": (0.003, 0.8), "GG-Direct": (0.001, 2.0)}
 PREFILL_TOKENS = (16, 64, 128, 256, 512, 1024, 2048)
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
 DECODE_CONTEXTS = (16, 64, 128, 256, 512)
-SERVING = {"prefill_max_batch_tokens": 2048, "decode_max_batch": 32, "kv_block_tokens": 32,
-           "kv_dtype": "bfloat8_b", "num_kv_tokens": 16384, "mechanisms": ["GN-HAWK", "GG-Direct"]}
+#: [serving] as hawk real profile writes it (the workers' defaults; bytes per token of the
+#: prefill worker's float32 paged cache: 2 x 2 layers x 2 KV heads x 64 x 4 B)
+SERVING = {"prefill_max_batch_tokens": 2048, "prefill_max_batch_size": 32,
+           "prefill_num_blocks": 256, "prefill_block_tokens": 16, "decode_max_batch": 32,
+           "kv_block_tokens": 32, "kv_dtype": "bfloat8_b", "num_kv_tokens": 16384,
+           "kv_bytes_per_token": 2048, "decode_mechanism": "GN-HAWK",
+           "mechanisms": ["GN-HAWK", "GG-Direct"]}
 
 
 def _model():
@@ -80,7 +85,7 @@ def make_profile_dir(root: Path, predictor=None, transfer=None, complete: bool =
     rows += [f"{b},{c},{b * c},{predictor.decode_step_time(b, b * c)!r},0.1,0.2,3"
              for b in DECODE_BATCHES for c in DECODE_CONTEXTS]
     (root / "decode.csv").write_text("\n".join(rows) + "\n")
-    per_token = _model().kv_bytes_per_token(SERVING["kv_dtype"])
+    per_token = SERVING["kv_bytes_per_token"]
     rows = ["mechanism,bytes,seconds_p50,seconds_p10,seconds_p90,repeats"]
     rows += [f"{m},{n * per_token!r},{fixed + n * per_token / (gb_s * 1e9)!r},0.1,0.2,3"
              for m, (fixed, gb_s) in sorted(transfer.items()) for n in (16, 64, 128, 256, 512)]
@@ -144,7 +149,7 @@ def test_single_request_instants_are_the_tables(prof):
     predictor = profile.predictor()
     steps = sum(predictor.decode_step_time(1, prompt + k) for k in range(1, output))
     assert r.finished_at - r.first_token_at == pytest.approx(steps, rel=1e-9)
-    assert r.kv_bytes == int(nbytes)
+    assert r.kv_bytes == int(nbytes) == prompt * 2048
     assert result.summary["profile"]["extrapolated"] == {}
 
 

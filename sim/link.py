@@ -21,7 +21,8 @@ import math
 from typing import Any, Callable
 
 import simpy
-from simpy.events import Timeout
+
+from sim.timers import MovableTimer
 
 
 class HostQueue:
@@ -64,8 +65,8 @@ class KVLink:
         self._active: list = []     # heap of (finish_served, seq, callback, arg)
         self._seq = 0
         self._solo = None           # (enter_at, seq, wire_bytes, callback, arg) or None
-        self._timer = None          # the live timer; any other one that fires is stale
-        self._timer_at = math.inf
+        self._timer = MovableTimer(env, self._on_timer)   # at the next completion
+        self._timer_at = math.inf   # when it fires (inf: the link is idle)
         self.bytes_moved = 0.0
         self.busy_time = 0.0        # time with at least one transfer on the wire
 
@@ -95,11 +96,10 @@ class KVLink:
         wire = float(wire_bytes)
         self.bytes_moved += wire
         enter_at = now + before_s + self.latency_s
-        if self._timer is None:               # idle link: this transfer has it to itself
+        if self._timer_at == math.inf:        # idle link: this transfer has it to itself
             self._solo = (enter_at, self._seq, wire, on_done, arg)
             self._timer_at = at = enter_at + wire / self.bandwidth
-            self._timer = timer = Timeout(self.env, at - now)
-            timer.callbacks.append(self._on_timer)
+            self._timer.set(at)
             return
         if self._solo is not None:            # share from here on
             heapq.heappush(self._pending, self._solo)
@@ -148,20 +148,18 @@ class KVLink:
     def _schedule(self, now: float) -> None:
         at = self._next_completion()
         if at == math.inf:
-            self._timer, self._timer_at = None, at   # idle
+            self._timer_at = at     # idle
+            self._timer.cancel()
             return
         if at == self._timer_at:
-            return                  # the live timer already fires then
+            return                  # the timer already fires then
         self._timer_at = at
-        self._timer = timer = Timeout(self.env, at - now if at > now else 0.0)
-        timer.callbacks.append(self._on_timer)
+        self._timer.set(at)         # moved there (sim.timers), or set when none is pending
 
-    def _on_timer(self, timer) -> None:
-        if timer is not self._timer:
-            return                  # superseded by a later start
+    def _on_timer(self) -> None:
         solo = self._solo
         if solo is not None:
-            self._solo = self._timer = None
+            self._solo = None
             self._timer_at = math.inf
             _, _, wire, on_done, arg = solo
             self.busy_time += wire / self.bandwidth

@@ -92,3 +92,22 @@ def test_each_decode_node_has_its_own_nic():
     took = recs["transfer_end_at"] - recs["transfer_start_at"]
     assert set(recs["decode_instance"]) == {0, 1}
     assert took.tolist() == pytest.approx([tokens / 1e9] * 2, rel=1e-9)
+
+
+def test_the_link_fires_once_per_completion_instant():
+    """Each start that moves the next completion moves the link's one timer (sim.timers): the
+    run's events are the starts and the distinct completion instants, no stale timers."""
+    env = simpy.Environment()
+    link = KVLink(env, 10 * GB)
+    done = {}
+    starts = [(0.0, 4 * GB), (0.05, GB), (0.1, 0.1 * GB), (0.12, 3 * GB), (0.5, GB)]
+    for k, (at, size) in enumerate(starts):
+        simpy.events.Timeout(env, at).callbacks.append(
+            lambda _e, k=k, size=size: link.start(0.0, size, lambda i: done.__setitem__(
+                i, env.now), k))
+    events = 0
+    while env.peek() < float("inf"):
+        env.step()
+        events += 1
+    assert len(done) == len(starts)
+    assert events == len(starts) + len(set(done.values()))

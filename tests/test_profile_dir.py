@@ -250,3 +250,24 @@ def test_unmeasured_mechanism_is_refused(tmp_path):
 def test_catalog_model_beside_a_profile_dir_is_refused(prof):
     with pytest.raises(ConfigError, match="times its own model"):
         _config(prof, model="llama-3.1-8b")
+
+
+def test_config_file_names_the_directory(prof, tmp_path, capsys):
+    """cluster.profile = "DIR" in a config file is the same run as --profile DIR."""
+    config = tmp_path / "run.toml"
+    config.write_text(f'seed = 3\n[cluster]\nprofile = "{prof}"\n[workload]\nnum_requests = 15\n'
+                      f'rate = 4.0\n')
+    assert hawk(["simulate", "--config", str(config), "--json"]) == 0
+    by_file = json.loads(capsys.readouterr().out)
+    assert hawk(["simulate", "--profile", str(prof), "--seed", "3", "--num-requests", "15",
+                 "--rate", "4", "--json"]) == 0
+    by_flag = json.loads(capsys.readouterr().out)
+    for key in ("num_finished", "ttft_p50_s", "e2e_p90_s", "output_tokens_per_s"):
+        assert by_file[key] == by_flag[key]
+
+
+def test_cli_sweep_on_a_profile(prof, capsys):
+    assert hawk(["sweep", "--profile", str(prof), "--rates", "2,8", "--num-requests", "15",
+                 "--workers", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["rate"] for r in rows] == [2.0, 8.0]

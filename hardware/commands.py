@@ -174,6 +174,32 @@ def cmd_run(args) -> int:
     return 0 if not summary["interrupted"] else 130
 
 
+def cmd_profile(args) -> int:
+    """Measure prefill, decode and the KV path into a profile directory (resumable)."""
+    from hardware.serve import profile
+    from hardware.transfer_bench import BenchFailed
+    from hardware.transport import TransportError
+
+    try:
+        report = profile.run(args.out, model_dir=args.model, seed=args.seed,
+                             device="cpu" if args.cuda_prefill is False else "auto",
+                             quick=args.quick, mechanisms=args.mechanisms, repeats=args.repeats,
+                             force=args.force)
+    except profile.ProfileError as e:
+        print(f"real profile: {e}", file=sys.stderr)
+        return 2
+    except (TransportError, BenchFailed) as e:
+        print(f"real profile: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"real profile: interrupted; what was measured is in {args.out}/, and the same "
+              f"command measures the rest", file=sys.stderr)
+        return 130
+    print(report["summary"])
+    print(f"profile written to {args.out}/ ({report['num_measured']} points measured now)")
+    return 0
+
+
 def _serving_args(p) -> None:
     from hardware.mechanisms import MECHANISMS
     p.add_argument("--num-prefill", type=_whole("--num-prefill"), default=1,
@@ -222,6 +248,25 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_transfer_bench)
+
+    p = leaves.add_parser("profile", help="measure prefill, decode and KV transfer times on "
+                                          "the workers' code paths into a profile directory")
+    p.add_argument("--out", required=True, help="the profile directory (resumed if it holds "
+                                                "one measured with the same settings)")
+    p.add_argument("--quick", action="store_true", help="a few points per axis (well under a "
+                                                       "minute)")
+    p.add_argument("--mechanisms", type=_mechanisms, default=list(MECHANISMS),
+                   help=f"comma-separated subset of {', '.join(MECHANISMS)}")
+    p.add_argument("--repeats", type=_whole("--repeats"),
+                   help="measured runs per point after a warm-up (default 15, --quick 3)")
+    p.add_argument("--model", help="Hugging Face-format directory (default: the seeded tiny "
+                                   "Llama the workers build)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
+    p.add_argument("--cpu-prefill", dest="cuda_prefill", action="store_false", default=None,
+                   help="measure prefill on the CPU even where CUDA is present")
+    p.add_argument("--force", action="store_true",
+                   help="start over in a directory holding other settings' profile")
+    p.set_defaults(func=cmd_profile)
 
     p = leaves.add_parser("serve", help="start a router and prefill/decode workers; print the "
                                         "endpoint")

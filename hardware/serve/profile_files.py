@@ -1,0 +1,160 @@
+"""The profile directory of ``hawk real profile`` on disk: ``profile.toml`` written and read
+back, the three CSV tables appended a row at a time, and the check that a rerun into a
+directory resumes the same profile rather than mixing two (``hardware.serve.profile`` describes
+the format).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+FORMAT = 1
+KEYS = {"prefill": ("batch_tokens", "num_seqs"),
+        "decode": ("batch", "context_per_request", "total_context"),
+        "transfer": ("mechanism", "bytes")}
+STATS = ("seconds_p50", "seconds_p10", "seconds_p90", "repeats")
+COMPARED_MACHINE = ("cpu", "cores", "threads", "torch", "device")
+
+
+class ProfileError(Exception):
+    """The profile cannot be measured into this directory, or with these settings."""
+
+
+def to_toml(doc: dict) -> str:
+    """Tables of scalars and flat lists (all profile.toml holds)."""
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, float):
+            return repr(v)
+        return str(int(v))
+    out = []
+    for table, items in doc.items():
+        out.append(f"[{table}]")
+        out += [f"{k} = {value(v)}" for k, v in items.items() if v is not None]
+        out.append("")
+    return "\n".join(out)
+
+
+def read_toml(path: Path) -> dict:
+    from sim.config import tomllib
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ProfileError(f"{path}: cannot read ({e})") from e
+
+
+class Table:
+    """One CSV of the profile, appended a row at a time (a killed run loses at most the row
+    being written, which the next run drops)."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...]):
+        self.path, self.columns = path, columns
+        self.rows: list[dict] = []
+        header = ",".join(columns)
+        if not path.exists() or path.stat().st_size == 0:
+            path.write_text(header + "\n")
+            return
+        text = path.read_text()
+        lines = text.split("\n")
+        if lines[0] != header:
+            raise ProfileError(f"{path}: line 1 is {lines[0]!r}, expected {header!r}")
+        whole = lines[1:-1]                           # the last piece has no newline after it
+        for i, line in enumerate(whole, start=2):
+            cells = line.split(",")
+            if len(cells) != len(columns):
+                raise ProfileError(f"{path}: line {i} has {len(cells)} fields, expected "
+                                   f"{len(columns)}")
+            self.rows.append({c: (x if c == "mechanism" else float(x))
+                              for c, x in zip(columns, cells)})
+        if lines[-1]:                                 # a half-written last row: drop it
+            path.write_text("\n".join([lines[0], *whole]) + "\n")
+
+    def keys(self, names) -> set:
+        return {tuple(r[n] for n in names) for r in self.rows}
+
+    def append(self, row: dict) -> None:
+        line = ",".join(_cell(row[c]) for c in self.columns) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self.rows.append(row)
+
+
+def _cell(v) -> str:
+    return v if isinstance(v, str) else (f"{v:.9g}" if isinstance(v, float) else str(v))
+
+
+def prepare(out: Path, header: dict, force: bool) -> None:
+    """Refuse a directory holding something else; with ``force``, clear the profile's files."""
+    if out.exists() and not out.is_dir():
+        raise ProfileError(f"--out {out}: exists and is not a directory")
+    toml = out / "profile.toml"
+    if out.is_dir() and any(out.iterdir()):
+        why = None
+        if not toml.is_file():
+            why = "is not empty and holds no profile.toml"
+        else:
+            diffs = settings_diff(read_toml(toml), header)
+            if diffs:
+                more = f"; and {len(diffs) - 4} more" if len(diffs) > 4 else ""
+                why = ("holds a profile measured with other settings: " + "; ".join(diffs[:4])
+                       + more)
+        if why and not force:
+            raise ProfileError(f"{out} {why}. Rerun with the same arguments to resume, choose "
+                               f"another --out, or add --force to start over")
+        if why:
+            for name in ("profile.toml", *(f"{t}.csv" for t in KEYS)):
+                (out / name).unlink(missing_ok=True)
+            shutil.rmtree(out / "model", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def settings_diff(old: dict, new: dict) -> list[str]:
+    """``table.key: here vs there`` for every setting that differs."""
+    diffs = []
+    for table in ("sweep", "model", "serving", "machine"):
+        a, b = old.get(table, {}), new.get(table, {})
+        keys = COMPARED_MACHINE if table == "machine" else sorted(set(a) | set(b))
+        for k in keys:
+            x, y = _plain(a.get(k)), _plain(b.get(k))
+            if x != y:
+                diffs.append(f"{table}.{k} is {y!r} here, {x!r} in profile.toml")
+    return diffs
+
+
+def _plain(v):
+    return list(v) if isinstance(v, (list, tuple)) else v
+
+
+def ranges(tables: dict[str, Table]) -> dict:
+    """Measured min/max of every axis (anything outside them is extrapolation)."""
+    out = {}
+    for name, cols in (("prefill", ("batch_tokens", "num_seqs")),
+                       ("decode", ("batch", "context_per_request", "total_context")),
+                       ("transfer", ("bytes",))):
+        for c in cols:
+            v = [r[c] for r in tables[name].rows]
+            if v:
+                out[f"{name}_{c}_min"], out[f"{name}_{c}_max"] = int(min(v)), int(max(v))
+    return out
+
+
+def write_header(out: Path, header: dict, tables: dict[str, Table] | None = None,
+                 complete: bool = False) -> None:
+    doc = {k: dict(v) for k, v in header.items()}
+    doc["meta"]["complete"] = complete
+    if tables is not None:
+        doc["ranges"] = ranges(tables)
+    tmp = out / "profile.toml.tmp"
+    tmp.write_text("# Written by `hawk real profile`; seconds, bytes, tokens.\n" + to_toml(doc))
+    tmp.replace(out / "profile.toml")
+
+

@@ -177,3 +177,30 @@ def test_hawk_simulate_cells_writes_merged_records_and_a_summary(tmp_path, capsy
     assert len(records) == 60 and set(records["cell"]) == {0, 1}
     assert read_records(out / "records.parquet")["request_id"].is_monotonic_increasing
     assert (out / "summary.json").exists() and (out / "cells.json").exists()
+
+
+def exit_after_20(loads, free_blocks, counter):
+    """A routing policy whose process dies on a cell's 21st request."""
+    if counter >= 20:
+        import os
+
+        os._exit(3)
+    return counter % len(loads)
+
+
+def test_a_worker_that_dies_is_reported_with_the_cells_it_was_running():
+    config = CELLS4.replace(**{"cluster.prefill.num_instances": 2,
+                               "cluster.routing": "tests.test_cells:exit_after_20"})
+    with pytest.raises(CellError, match=r"a worker process died while running cells \[.*2.*\]"):
+        simulate_cells(config, _lopsided_trace(), workers=2)
+
+
+def test_cells_without_requests_count_as_idle_instances():
+    trace = make_trace([0.0, 1.0, 2.0], [100, 200, 300], [5, 5, 5])
+    result = simulate_cells(CELLS4, trace, workers=1)
+    cells = result.summary["cells"]
+    assert sum(cells["num_requests"]) == 3 and 0 in cells["num_requests"]
+    busy = [simulate(CELLS4.replace(**{"cells.count": 1}), share).stats["prefill_busy_s"][0]
+            for share in split_trace(trace, 4) if len(share)]
+    span = result.summary["simulated_time_s"]
+    assert result.summary["prefill_utilization"] == pytest.approx(sum(busy) / 4 / span)

@@ -164,8 +164,8 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
     transfer: dict[str, list] = {}
     for r in tables["transfer.csv"]:
         transfer.setdefault(r["mechanism"], []).append((r["bytes"], r["seconds_p50"]))
-    for name, csv_path in (("prefill.csv", prefill), ("decode.csv", decode)):
-        if len(csv_path) == 0:
+    for name, rows in (("prefill.csv", prefill), ("decode.csv", decode)):
+        if len(rows) == 0:
             raise ProfileDirError(f"{base / name}: no measured points")
     if not transfer:
         raise ProfileDirError(f"{base / 'transfer.csv'}: no measured points")

@@ -20,6 +20,8 @@ BASE_BYTES = 300e6
 #: trace's columns (~40 B a request) when a trace, not a generator, supplies the requests
 STREAM_BYTES = 200e6
 TRACE_BYTES_PER_REQUEST = 48
+#: runs larger than this stream by default (``hawk simulate``; their percentiles are sketched)
+STREAM_MIN_REQUESTS = 1_000_000
 
 
 def expected_num_requests(workload: WorkloadConfig) -> float | None:
@@ -76,7 +78,7 @@ def check_run_size(num_requests: float, copies: int = 1, what: str = "the run",
             f"this machine has {have / 1e9:,.1f} GB available; simulate fewer requests "
             f"(num_requests, rate x duration_s)"
             + ("" if streamed else f", or stream the records (--stream; runs over "
-               f"{_stream_min():,} requests stream by default)")
+               f"{STREAM_MIN_REQUESTS:,} requests stream by default)")
             + (", run fewer at once (--workers)" if copies > 1 else "")
             + (", or sweep fewer points (--rates, --seeds)" if extra_bytes else ""))
 
@@ -92,8 +94,3 @@ def check_sweep_size(config: RunConfig, rates, num_seeds: int, workers: int | No
     check_run_size(largest or 0, copies, f"the sweep of {points:,} points",
                    extra_bytes=points * 10_000)
 
-
-def _stream_min() -> int:
-    from sim.stream import STREAM_MIN_REQUESTS
-
-    return STREAM_MIN_REQUESTS

@@ -31,10 +31,9 @@ import numpy as np
 
 from sim.config import ConfigError
 from sim.ledger import INSTANTS, REJECTIONS
+from sim.run_size import STREAM_MIN_REQUESTS, check_run_size
 from traces.schema import Status
 
-#: runs larger than this stream by default (their percentiles are then sketched)
-STREAM_MIN_REQUESTS = 1_000_000
 NAN = math.nan
 
 
@@ -65,25 +64,23 @@ def use_streaming(num_requests: float | None, flag: bool | None) -> bool:
 
 
 def request_source(config, trace, chunk_size: int):
-    """The run's requests in chunks: ``trace`` if given, else the config's workload
-    (generated chunk by chunk when synthetic, read whole when a trace file)."""
+    """The run's requests in chunks: ``trace`` if given, else the config's synthetic
+    workload generated chunk by chunk (a trace file is read by the caller)."""
     from traces.chunks import trace_source, workload_source
 
     w = config.workload
-    if trace is None and w.trace is None:
-        return workload_source(w.name, w.rate, w.num_requests, w.duration_s, config.seed,
-                               chunk_size)
-    if trace is None:
-        from sim.cluster import workload_trace
-
-        trace = workload_trace(config)
-    return trace_source(trace, chunk_size)
+    if trace is not None:
+        return trace_source(trace, chunk_size)
+    if w.trace is not None:
+        raise ConfigError(f"workload.trace = {w.trace!r}: read it first (sim.cluster."
+                          f"workload_trace) and stream the trace")
+    return workload_source(w.name, w.rate, w.num_requests, w.duration_s, config.seed,
+                           chunk_size)
 
 
 def open_ledger(config, trace, stream: Stream, cut_at: float | None,
                 monitored: bool) -> "StreamLedger":
     """The streaming ledger of a run (``sim.cluster.simulate``), its writer and aggregate."""
-    from sim.run_size import check_run_size
     from traces.aggregate import RecordsAggregate
     from traces.record_stream import RecordWriter
 
@@ -95,7 +92,7 @@ def open_ledger(config, trace, stream: Stream, cut_at: float | None,
         raise ConfigError(f"cluster.policies.fairness = {config.cluster.policies.fairness!r} "
                           f"reads the whole trace's tenants; run it without streaming")
     check_run_size(source.n, what=f"a streamed run of {source.n:,} requests", streamed=True,
-                   trace_held=trace is not None or config.workload.trace is not None)
+                   trace_held=trace is not None)
     aggregate = RecordsAggregate(config.slo.ttft_s, config.slo.tpot_s, stream.relative_accuracy)
     writer = RecordWriter(stream.records_path, stream.rows_per_group, on_group=aggregate.add)
     return StreamLedger(source, writer, cut_at, aggregate)

@@ -18,15 +18,15 @@ complete files are a readable dataset, and ``read_records`` refuses it with the 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 
+from traces.schema import INCOMPLETE, check_complete, clear_records, records_frame  # noqa: F401
+
 #: records per row group and row groups per file: 65,536 records are ~6 MB in memory
 ROWS_PER_GROUP = 65_536
 GROUPS_PER_FILE = 16
-INCOMPLETE = "_INCOMPLETE"
 
 
 class RecordWriter:
@@ -95,8 +95,6 @@ class RecordWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from traces.schema import records_frame
-
         frame = records_frame(self._take(k))
         self.num_rows += k
         if self.on_group is not None:
@@ -139,25 +137,3 @@ class RecordWriter:
         self._hidden().rename(self.path / f"part-{self._files:05d}.parquet")
         self._files += 1
         self._groups = 0
-
-
-def clear_records(path) -> None:
-    """Remove records written at ``path`` before (a file, or a dataset directory of them)."""
-    path = Path(path)
-    if path.is_dir():
-        names = {p.name for p in path.iterdir()}
-        stray = [n for n in names if not (n == INCOMPLETE or n.endswith(".parquet"))]
-        if stray:
-            raise ValueError(f"{path}: not a records dataset (holds {sorted(stray)[:3]}); "
-                             f"refusing to replace it")
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
-def check_complete(path) -> None:
-    """Raise naming the reason when the dataset at ``path`` was left incomplete."""
-    marker = Path(path) / INCOMPLETE
-    if marker.exists():
-        raise ValueError(f"{path}: records are incomplete ({marker.read_text().strip()}); the "
-                         f"complete files read with pyarrow.dataset.dataset({str(path)!r})")

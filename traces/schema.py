@@ -210,8 +210,6 @@ def write_records(frame, path: str | Path) -> Path:
     path = Path(path)
     frame = validate_records(frame)
     if path.is_dir():                      # a streamed run's dataset (traces.record_stream)
-        from traces.record_stream import clear_records
-
         clear_records(path)
     if path.suffix == ".parquet":
         import pyarrow as pa
@@ -235,8 +233,6 @@ def read_records(path: str | Path):
     path = Path(path)
     if path.suffix == ".parquet":
         if path.is_dir():                  # a dataset of row groups (traces.record_stream)
-            from traces.record_stream import check_complete
-
             check_complete(path)
         frame = pd.read_parquet(path)
     elif path.suffix == ".csv":
@@ -247,3 +243,31 @@ def read_records(path: str | Path):
         return validate_records(frame)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from exc
+
+
+#: stands in a streamed records dataset until its writer closes it (``traces.record_stream``)
+INCOMPLETE = "_INCOMPLETE"
+
+
+def clear_records(path) -> None:
+    """Remove records written at ``path`` before (a file, or a dataset directory of them)."""
+    import shutil
+
+    path = Path(path)
+    if path.is_dir():
+        names = {p.name for p in path.iterdir()}
+        stray = [n for n in names if not (n == INCOMPLETE or n.endswith(".parquet"))]
+        if stray:
+            raise ValueError(f"{path}: not a records dataset (holds {sorted(stray)[:3]}); "
+                             f"refusing to replace it")
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def check_complete(path) -> None:
+    """Raise naming the reason when the dataset at ``path`` was left incomplete."""
+    marker = Path(path) / INCOMPLETE
+    if marker.exists():
+        raise ValueError(f"{path}: records are incomplete ({marker.read_text().strip()}); the "
+                         f"complete files read with pyarrow.dataset.dataset({str(path)!r})")

@@ -112,6 +112,9 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
     for name in ("ttft", "tpot", "e2e"):
         rows.append((f"{name.upper()} p50/p90/p99 (s)", " / ".join(
             _fmt(summary[f"{name}_p{q}_s"]) for q in (50, 90, 99))))
+    if "percentiles" in summary:            # a streamed run (sim.stream)
+        rows.append(("percentiles", f"sketched ({summary['percentiles']['method']}), within "
+                     f"{summary['percentiles']['relative_accuracy']:.0%} relative error"))
     rows += [("output tokens/s", _fmt(summary["output_tokens_per_s"])),
              ("tokens per joule", _fmt(summary["tokens_per_joule"])),
              ("tokens/s per $1k of devices", _fmt(1e3 * summary["tokens_per_s_per_dollar"])),

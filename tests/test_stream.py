@@ -224,3 +224,24 @@ def test_trace_source_slices_cover_the_trace():
     chunks = list(trace_source(trace, chunk_size=7).chunks())
     assert [c.start for c in chunks] == list(range(0, len(trace), 7))
     assert np.array_equal(np.concatenate([c.tenant for c in chunks]), trace.tenant)
+
+
+def test_hawk_simulate_stream_writes_a_dataset_and_says_the_bound(tmp_path, capsys):
+    import json
+
+    from sim.cli import main
+
+    args = ["simulate", "--num-requests", "400", "--seed", "2"]
+    assert main(args + ["--out", str(tmp_path / "memory")]) == 0
+    assert main(args + ["--stream", "--out", str(tmp_path / "streamed")]) == 0
+    assert "sketched (ddsketch), within 1% relative error" in capsys.readouterr().out
+    assert (tmp_path / "memory" / "records.parquet").is_file()
+    assert (tmp_path / "streamed" / "records.parquet").is_dir()
+    memory = read_records(tmp_path / "memory" / "records.parquet")
+    records = read_records(tmp_path / "streamed" / "records.parquet")
+    assert same_bytes(records.sort_values("request_id").reset_index(drop=True), memory, tmp_path)
+    summary = json.loads((tmp_path / "streamed" / "summary.json").read_text())
+    assert summary["percentiles"]["approximate"][0] == "ttft_p50_s"
+    # a later in-memory run into the same directory replaces the dataset with a file
+    assert main(args + ["--no-stream", "--out", str(tmp_path / "streamed")]) == 0
+    assert (tmp_path / "streamed" / "records.parquet").is_file()

@@ -271,3 +271,29 @@ def test_cli_sweep_on_a_profile(prof, capsys):
                  "--workers", "1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["rate"] for r in rows] == [2.0, 8.0]
+
+
+def test_table_lines_match_the_grid_and_interpolate_scattered_points():
+    """From rows, a regular grid times as the grid constructor does; between two batch sizes
+    measured at different contexts a step is linear in the batch at the same total context."""
+    from sim.predictor import TablePredictor
+
+    grid = TablePredictor([16, 2048], [0.01, 0.5], [1, 8], [16, 4096],
+                          [[0.01, 0.02], [0.03, 0.08]])
+    rows = TablePredictor.from_points(
+        np.array([[1, 16, 0.01], [1, 2048, 0.5]]),
+        np.array([[1, 16, 0.01], [1, 4096, 0.02], [8, 16, 0.03], [8, 4096, 0.08]]))
+    contexts = np.array([0.0, 16, 1000, 4096, 9000])
+    for batch in (1, 4, 8, 12):
+        assert rows.decode_step_times(batch, contexts) == pytest.approx(
+            grid.decode_step_times(batch, contexts), rel=1e-12)
+    scattered = TablePredictor.from_points(
+        np.array([[1, 16, 0.01], [4, 64, 0.04], [1, 64, 0.02], [4, 256, 0.1]]),
+        np.array([[1, 10, 1.0], [1, 20, 2.0], [3, 30, 6.0], [3, 90, 9.0]]))
+    at_1 = float(np.interp(60, [10, 20], [1.0, 2.0]) + (60 - 20) * 0.1)   # extrapolated
+    at_3 = float(np.interp(60, [30, 90], [6.0, 9.0]))
+    assert scattered.decode_step_time(2, 60) == pytest.approx((at_1 + at_3) / 2, rel=1e-12)
+    one_seq = 0.01 + (32 - 16) * (0.02 - 0.01) / (64 - 16)         # two prompts, 32 tokens
+    four_seqs = 0.04 + (32 - 64) * (0.1 - 0.04) / (256 - 64)        # extrapolated below 64
+    assert scattered.prefill_time([16, 16]) == pytest.approx(
+        one_seq + (2 - 1) / (4 - 1) * (four_seqs - one_seq), rel=1e-12)

@@ -34,8 +34,10 @@ from traces.trace import Trace
 KNEE_SHARE = 0.8
 LIGHT_SHARE = 0.25
 TTFT_SLO_X = 5.0
-TPOT_SLO_X = 2.0
+TPOT_SLO_X = 5.0
 KNEE_TARGET = 0.9
+#: requests a fresh cluster serves before the measured ones (the profile excludes warm-up too)
+WARMUP_REQUESTS = 4
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,8 @@ def real_records(trace: Trace, config, ttft_slo_s: float, tpot_slo_s: float, con
     from hardware.serve.run import RealRunConfig, real_run
     from traces.schema import read_records
 
-    real_run(trace, RealRunConfig(config, ttft_slo_s, tpot_slo_s, context, progress=progress),
-             out)
+    real_run(trace, RealRunConfig(config, ttft_slo_s, tpot_slo_s, context, progress=progress,
+                                  warmup_requests=WARMUP_REQUESTS), out)
     return read_records(out / "records.parquet")
 
 
@@ -178,7 +180,7 @@ def default_slos(simulate_fn, requests: Requests) -> tuple[float, float]:
     i = int(t.num_prompt_tokens.argmax())
     alone = Trace.from_columns([0.0], [int(t.num_prompt_tokens[i])],
                                [max(2, int(t.num_output_tokens[i]))], name="alone")
-    frame = simulate_fn(alone, 1e9, 1e9)
+    frame = simulate_fn(alone, 1e6, 1e6)
     ttft, tpot = float(metrics.ttft(frame)[0]), float(metrics.tpot(frame)[0])
     if not (ttft > 0 and tpot > 0):
         raise ValueError(f"the simulator gives a lone request TTFT {ttft} s, TPOT {tpot} s "

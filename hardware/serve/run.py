@@ -3,7 +3,8 @@
 1. The trace's lengths are scaled down by one common factor so its longest request fits the
    model's context (the tiny model holds 512 tokens; the factor is reported, never hidden).
 2. A ``LocalCluster`` starts; the trace is replayed open loop with real timing through
-   ``traces.replay`` (token-id prompts, exactly ``num_output_tokens`` greedy tokens each).
+   ``traces.replay`` (token-id prompts, exactly ``num_output_tokens`` greedy tokens each);
+   with ``warmup_requests``, that many requests of other prompts are served first, unrecorded.
 3. Each trace request is found in the router's log by its prompt, and its record
    (``traces.schema``) takes every instant from the workers' clocks: arrival (router),
    prefill start and end (prefill worker), transfer start and end, first token and finish
@@ -51,6 +52,7 @@ class RealRunConfig:
     decode_device: str = "p150a"
     timeout_s: float = 600.0
     progress: bool = True
+    warmup_requests: int = 0              # served before the trace, not recorded
 
 
 def fit_to_context(trace: Trace, context_tokens: int) -> tuple[Trace, float]:
@@ -104,6 +106,16 @@ def estimated_energy(workers: list[dict], prefill_device: str, decode_device: st
         parts.append(f"{w['role']} {w['index']}: {busy:.2f} s busy as {key}")
     return {"energy_j": joules, "power_source": "estimated: measured busy time at the "
             "catalog's board power (idle not counted); " + "; ".join(parts)}
+
+
+def warmup_trace(trace: Trace, num_requests: int) -> Trace:
+    """``num_requests`` requests at once, of the trace's longest prompt and 4 output tokens:
+    the first prefill and decode batches of a fresh worker (its allocator, its kernels) are
+    slow, and a measured profile excludes them too."""
+    n = int(num_requests)
+    prompt = np.full(n, int(trace.num_prompt_tokens.max()), dtype=np.int64)
+    return Trace.from_columns(np.zeros(n), prompt, np.full(n, 4, dtype=np.int64),
+                              name="warm-up")
 
 
 def build_records(trace: Trace, prompts: list[list[int]], log: list[dict], t0: float,
@@ -179,6 +191,10 @@ def real_run(trace: Trace, config: RealRunConfig, out: Path | None = None) -> di
     stop, interrupted, result = threading.Event(), False, None
     try:
         replay_config = ReplayConfig(cluster.endpoint, prompt=spec, timeout_s=config.timeout_s)
+        if config.warmup_requests:          # other prompts (seed + 1): never a trace's
+            warm = ReplayConfig(cluster.endpoint, timeout_s=config.timeout_s,
+                                prompt=dataclasses.replace(spec, seed=spec.seed + 1))
+            _run(lambda: replay_async(warmup_trace(trace, config.warmup_requests), warm))
         meter = EnergyMeter()
         if config.progress:
             threading.Thread(target=_progress, args=(cluster, len(trace), stop),

@@ -7,10 +7,12 @@ What is fitted, from where, to what:
 - The roofline (``sim.predictor.RooflinePredictor``, one device, tp 1, so no all-reduce) of the
   profile's model on a ``DeviceSpec`` of the measuring machine. Its peak FLOP rate and memory
   bandwidth are [machine] ``peak_tflops`` / ``memory_bandwidth_gb_s`` where the profile gives
-  them; else a catalog device named by ``--device``; else an estimate stated in ``machine_spec``
-  (FP32 FMA throughput of AVX2 cores at 2.5 GHz per torch thread, and 20 GB/s of DRAM
-  bandwidth). The efficiencies are fractions of those figures, so they are only as absolute as
-  the figures are.
+  them, else an estimate stated in ``machine_spec`` (FP32 FMA throughput of AVX2 cores at
+  2.5 GHz per torch thread, and 20 GB/s of DRAM bandwidth). The efficiencies are fractions of
+  those figures, so they are only as absolute as the figures are. ``--device NAME`` writes the
+  fitted factors as ``[efficiency.NAME]`` of a catalog device, so a run on that device's
+  datasheet figures (``cluster.profile = "fit.toml"``) extrapolates what the measured machine
+  showed to it.
 - Free parameters (``ROOFLINE``): the five efficiency factors that apply to one device and the
   step overhead; the efficiencies are fitted in log10 (they span decades), all bounded, from the
   stated starting point. Residuals: (predicted - measured) / measured for every row of
@@ -60,25 +62,20 @@ class Parameter:
         return 10.0 ** x if self.log else x
 
 
-ROOFLINE = (Parameter("prefill_compute_efficiency", 0.3, 1e-5, 1.0),
-            Parameter("prefill_memory_efficiency", 0.3, 1e-5, 1.0),
-            Parameter("decode_compute_efficiency", 0.3, 1e-5, 1.0),
-            Parameter("decode_memory_efficiency", 0.3, 1e-5, 1.0),
-            Parameter("decode_attention_efficiency", 0.3, 1e-5, 1.0),
+ROOFLINE = (Parameter("prefill_compute_efficiency", 0.3, 1e-6, 1.0),
+            Parameter("prefill_memory_efficiency", 0.3, 1e-6, 1.0),
+            Parameter("decode_compute_efficiency", 0.3, 1e-6, 1.0),
+            Parameter("decode_memory_efficiency", 0.3, 1e-6, 1.0),
+            Parameter("decode_attention_efficiency", 0.3, 1e-6, 1.0),
             Parameter("step_overhead_s", 1e-3, 0.0, 1.0, log=False))
 #: the efficiencies, each pricing one roofline term that may bind nowhere in a profile
 TERMS = tuple(p.name for p in ROOFLINE if p.name.endswith("efficiency"))
 
 
-def machine_spec(profile: MeasuredProfile, device: str | None = None) -> tuple[DeviceSpec, str]:
+def machine_spec(profile: MeasuredProfile) -> tuple[DeviceSpec, str]:
     """The measuring machine as a ``DeviceSpec``, and how its figures were obtained."""
-    from hardware import catalog
-
     m = profile.machine
     threads = m.get("threads", 1) if isinstance(m.get("threads"), int) else 1
-    if device is not None:
-        spec = catalog.device(device)
-        return spec, f"catalog device {device} ({spec.source})"
     peak, bandwidth = m.get("peak_tflops"), m.get("memory_bandwidth_gb_s")
     if isinstance(peak, (int, float)) and isinstance(bandwidth, (int, float)):
         how = "the profile's [machine] peak_tflops and memory_bandwidth_gb_s"
@@ -177,9 +174,15 @@ def fit_transfer(points: np.ndarray, mechanism: str, where: str) -> dict:
 
 
 def calibrate_profile(path, device: str | None = None) -> dict:
-    """Both fits on the profile at ``path``: the record ``write_toml`` and ``report`` take."""
+    """Both fits on the profile at ``path``: the record ``write_toml`` and ``report`` take.
+    ``device``: the catalog device the fitted factors are written for (default "measured")."""
+    from hardware import catalog
+
+    if device is not None and device not in catalog.devices():
+        raise ConfigError(f"--device {device!r}: the fitted factors are written for a catalog "
+                          f"device, one of {sorted(catalog.devices())}")
     profile = load_profile_dir(path)
-    spec, how = machine_spec(profile, device)
+    spec, how = machine_spec(profile)
     roofline = fit_roofline(profile, spec)
     transfer = {m: fit_transfer(points, m, str(Path(profile.path) / "transfer.csv"))
                 for m, points in sorted(profile.transfer.items())}
@@ -221,14 +224,19 @@ def report(record: dict) -> str:
 
 
 def write_toml(record: dict, out: Path) -> None:
-    """The fitted profile: ``[efficiency.<key>]`` as in sim/profiles/paper.toml (loadable by
-    ``sim.predictor.load_profile``), the device figures it is relative to, the transfer fits and
-    the residuals."""
+    """A profile usable as ``cluster.profile``: the paper profile (sim/profiles/paper.toml)
+    with ``[efficiency.<key>]`` replaced by the fit, then the device figures the fit is
+    relative to, the transfer fits and the residuals."""
     profile, fit, spec = record["profile"], record["roofline"], record["device"]
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    paper = (Path(__file__).resolve().parent / "profiles" / "paper.toml").read_text()
     lines = [f"# Fitted by `hawk calibrate --profile {profile.path}` ({when}) with",
-             "# scipy.optimize.least_squares (bounded) on relative residuals of the p50 times.",
-             "# Efficiencies are fractions of [measured_device]'s figures.", "",
+             "# scipy.optimize.least_squares (bounded) on relative residuals of the p50 times:",
+             f"# [efficiency.{record['key']}] and the tables after it. Every other table is the",
+             "# paper profile's, as it was then.", "",
+             _without_table(paper, f"efficiency.{record['key']}").rstrip(), "",
+             "# -- Fitted to the measured profile " + "-" * 56,
+             "# The efficiencies below are fractions of [measured_device]'s figures.", "",
              "[measured_device]", f'key = "{record["key"]}"',
              f"peak_tflops = {spec.peak_tflops!r}",
              f"memory_bandwidth_gb_s = {spec.memory_bandwidth_gb_s!r}",
@@ -252,6 +260,19 @@ def write_toml(record: dict, out: Path) -> None:
     lines += [f"transfer_rms_relative_{m.replace('-', '_')} = {rms(t['residuals'])!r}"
               for m, t in record["transfer"].items()]
     out.write_text("\n".join(lines) + "\n")
+
+
+def _without_table(text: str, name: str) -> str:
+    """TOML ``text`` without table ``[name]``: its header line up to the next blank line."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.strip() == f"[{name}]":
+            skipping = True
+        elif skipping and not line.strip():
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def cmd_calibrate(args) -> int:

@@ -81,10 +81,19 @@ def test_noisy_tables_fit_within_their_noise(tmp_path):
 
 
 def test_fitted_toml_loads_as_a_profile(fitted, tmp_path):
+    """Written for p150a, the fit times the catalog's p150a in a run of the paper scenario;
+    every other table is the paper profile's."""
+    from sim.cluster import simulate
+    from sim.config import RunConfig
+
     out = tmp_path / "fit.toml"
     write_toml({**fitted, "key": "p150a"}, out)
-    eff = load_profile(str(out))["p150a"]
+    profile = load_profile(str(out))
+    eff = profile["p150a"]
     assert eff.decode_memory_efficiency == pytest.approx(0.6, rel=0.02)
+    assert profile["a100-pcie"] == load_profile("paper")["a100-pcie"]
+    config = RunConfig().replace(**{"cluster.profile": str(out), "workload.num_requests": 20})
+    assert simulate(config).summary["num_finished"] > 0
     table = load_profile_table(str(out))
     assert table["measured_transfer"]["GN-HAWK"]["latency_s"] == pytest.approx(0.003, rel=1e-3)
     assert table["fit"]["num_roofline_points"] > table["fit"]["num_roofline_parameters"]
@@ -108,3 +117,9 @@ def test_cli_prints_residuals_and_writes(tmp_path, capsys):
     assert "transfer.csv GN-HAWK" in text and out.is_file()
     assert hawk(["calibrate", "--out", str(out)]) == 2        # --out without --profile
     assert "go with --profile" in capsys.readouterr().err
+
+
+def test_device_names_a_catalog_device(tmp_path):
+    prof = make_profile_dir(tmp_path / "p")
+    with pytest.raises(ConfigError, match="--device 'cpu9'"):
+        calibrate_profile(str(prof), "cpu9")

@@ -33,6 +33,7 @@ profile are refused unless ``force``.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -261,7 +262,10 @@ def _ensure_model(out: Path, header: dict, model_dir, seed: int, config) -> None
                      else LlamaModel.random(config, seed=seed, device="cpu"))
         except (ValueError, OSError) as e:
             raise ProfileError(f"--model {model_dir}: {e}") from e
-        model.save(out / "model")
+        shutil.rmtree(out / "model.partial", ignore_errors=True)
+        model.save(out / "model.partial")                # whole, or not there at all
+        shutil.rmtree(out / "model", ignore_errors=True)
+        (out / "model.partial").rename(out / "model")
     if not toml.is_file():
         write_header(out, header)
 
@@ -343,8 +347,8 @@ def _transfers(out, todo, transport, model, serving, device, kv_per_token, repea
             engine = pm.decode_engine(model, m, transport, serving, 0)
             try:
                 for t in (t for mm, t in todo if mm == m):
-                    times, _ = server.pull_times(engine, t, repeats)
-                    record("transfer", {"mechanism": m, "bytes": t * kv_per_token}, times)
+                    record("transfer", {"mechanism": m, "bytes": t * kv_per_token},
+                           server.pull_times(engine, t, repeats))
             finally:
                 engine.sink.close()
     finally:

@@ -113,7 +113,8 @@ def prepare(out: Path, header: dict, force: bool) -> None:
         if why:
             for name in ("profile.toml", *(f"{t}.csv" for t in KEYS)):
                 (out / name).unlink(missing_ok=True)
-            shutil.rmtree(out / "model", ignore_errors=True)
+            for name in ("model", "model.partial"):
+                shutil.rmtree(out / name, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
 
 

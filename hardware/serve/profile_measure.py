@@ -150,12 +150,12 @@ class KVServer:
         self.proc, hello = spawn(cmd, env, timeout_s, self.log, "the profile's prefill process")
         self.address = tuple(hello["address"])
 
-    def pull_times(self, engine, tokens: int, repeats: int) -> tuple[list[float], int]:
+    def pull_times(self, engine, tokens: int, repeats: int) -> list[float]:
         """``repeats`` pulls of ``tokens``-token requests into ``engine``'s sink, after one
-        warm-up; and the bytes moved per pull."""
+        warm-up."""
         from hardware.protocol import DecodeClient
 
-        sink, times, nbytes = engine.sink, [], 0
+        sink, times = engine.sink, []
         with DecodeClient(sink.transport, sink, self.address, self.token,
                           timeout_s=self.timeout_s) as client:
             for run in range(repeats + 1):
@@ -163,13 +163,12 @@ class KVServer:
                 self.next[tokens] += 1
                 sink.expect(rid, tokens, tokens + 1)
                 start = time.perf_counter()
-                result = client.pull(rid)
+                client.pull(rid)
                 elapsed = time.perf_counter() - start
                 sink.free(rid)
-                nbytes = result.nbytes
                 if run:
                     times.append(elapsed)
-        return times, nbytes
+        return times
 
     def close(self) -> None:
         self.proc.kill()
@@ -178,7 +177,10 @@ class KVServer:
 
 
 def serve_kv(model_dir: str, lengths: dict[int, int], device: str) -> None:
-    """The prefill process: prefill every request, print ``{"address"}``, serve pulls."""
+    """The prefill process: prefill every request, print ``{"address"}``, serve pulls until
+    stopped or its parent is gone (a killed profile leaves no server behind)."""
+    import threading
+
     import torch
 
     from hardware.model.llama import LlamaModel
@@ -187,6 +189,8 @@ def serve_kv(model_dir: str, lengths: dict[int, int], device: str) -> None:
     from hardware.transport import make_transport
     from hardware.wire import token_from_env
 
+    parent = os.getppid()
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     serving = Serving.of_workers()
     torch.set_num_threads(serving.threads)
     model = LlamaModel.load(model_dir, device=device)
@@ -204,6 +208,12 @@ def serve_kv(model_dir: str, lengths: dict[int, int], device: str) -> None:
     server = PrefillServer(transport, send, engine.source, token_from_env())
     print(json.dumps({"address": list(server.address)}), flush=True)
     server.serve_forever()
+
+
+def _exit_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
 
 
 def _lengths(text: str) -> dict[int, int]:

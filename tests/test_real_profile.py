@@ -1,8 +1,8 @@
 """``hawk real profile``: the directory contract, resuming, refusals.
 
-One small profile is measured for the module, interrupted after the decode table and one
-transfer point and then resumed, so the resume path and the finished directory are checked on
-the same run (two prefill-process starts in all).
+One small profile is measured for the module, interrupted halfway through the decode table
+and then resumed, so the resume path and the finished directory are checked on the same run
+(one prefill-process start: the interrupted run stops before its transfers).
 """
 
 import csv
@@ -43,7 +43,7 @@ def measured(tmp_path_factory):
         return hook
 
     with pytest.raises(Stop):
-        profile.run(out, sweep=SWEEP, device="cpu", progress=False, on_point=stop_after(9))
+        profile.run(out, sweep=SWEEP, device="cpu", progress=False, on_point=stop_after(6))
     interrupted = read_toml(out)
     report = profile.run(out, sweep=SWEEP, device="cpu", progress=False,
                          on_point=lambda t, r: second.append((t, r)))
@@ -109,12 +109,12 @@ def test_statistics_are_ordered_and_loosely_physical(measured):
 def test_resume_measures_each_point_once(measured):
     out, first, second, interrupted, report = measured
     assert interrupted["meta"]["complete"] is False and "ranges" not in interrupted
-    assert len(first) == 9 and len(second) == NUM_POINTS - 9
-    assert report["num_measured"] == NUM_POINTS - 9
+    assert len(first) == 6 and len(second) == NUM_POINTS - 6
+    assert report["num_measured"] == NUM_POINTS - 6
     seen = [(t, tuple(v for k, v in r.items() if not k.startswith(("seconds", "repeats"))))
             for t, r in first + second]
     assert len(set(seen)) == NUM_POINTS
-    assert [t for t, _ in first].count("transfer") == 1
+    assert [t for t, _ in first].count("decode") == 2
     again = profile.run(out, sweep=SWEEP, device="cpu", progress=False)
     assert again["num_measured"] == 0
     assert sum(len(rows(out, n)) for n in COLUMNS) == NUM_POINTS

@@ -5,7 +5,8 @@ sides, the same rank on both), the number of writes each mechanism's plan needs,
 transformation's throughput against a plain torch copy of the same bytes, measured in the same
 run on the same device (CPU, or CUDA when asked and present).
 
-    python -m hardware.layout_bench [--tokens 4096] [--device cpu|cuda] [--threads 1] [--json]
+    python -m hardware.layout_bench [--tokens 4096] [--device cpu|cuda] [--threads 1[,2...]]
+                                    [--path auto|portable|avx2|avx512|all[,...]] [--json]
 """
 
 from __future__ import annotations
@@ -76,14 +77,27 @@ def _timed(fns: dict, device: str, repeats: int) -> dict:
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
+def _forced(fn, path: str | None):
+    """``fn`` run with the kernel's block-float ``path`` forced (None: the fastest)."""
+    from hardware import layout_kernel
+
+    def call():
+        with layout_kernel.forcing(path):
+            return fn()
+    return call
+
+
 def throughput(tokens: int, tp: int, dram: str, dtype: str, num_layers: int, device: str,
-               repeats: int) -> dict:
-    """HAWK transformation vs a plain torch copy of the same bytes, same device, same run.
+               repeats: int, paths=(None,)) -> list[dict]:
+    """HAWK transformation vs a plain torch copy of the same bytes, same device, same run: one
+    row per kernel path in ``paths`` (None: the fastest the CPU has; one row for formats sent
+    as they are, which no path packs).
 
     The baseline copies the request's GPU KV bytes (what the transformation reads: its blocks
     of every timed layer, K and V) once from one buffer to another with ``Tensor.copy_``.
-    ``path`` says what ran: the fused C++ kernel (built before timing starts) or eager torch;
-    with the kernel, the eager path is timed too (``eager_s``, ``eager_ratio``).
+    ``path`` says what ran: the fused C++ kernel (built before timing starts; ``kernel_path``:
+    the block-float path, or "copy") or eager torch; with the kernel, the eager path is timed
+    too (``eager_s``, ``eager_ratio``). All are timed in turn in every round.
     """
     import torch
     from hardware import layout_kernel, transform
@@ -97,39 +111,85 @@ def throughput(tokens: int, tp: int, dram: str, dtype: str, num_layers: int, dev
     dst = torch.empty_like(src)
     prepare_s = _timed({"prepare": lambda: transform.prepare(req, "hawk")}, "cpu",
                        repeats)["prepare"]
-    fns = {"copy": lambda: dst.copy_(src),
-           "transform": lambda: transform.hawk_transform(layers, req, out=out, gather=gather,
-                                                         kernel=kernel)}
+
+    def run(kernel_used):
+        return lambda: transform.hawk_transform(layers, req, out=out, gather=gather,
+                                                kernel=kernel_used)
+    block_float = layout_kernel.MAG_BITS[dtype] > 0
+    paths = list(paths) if kernel and block_float else [None]
+    fns = {"copy": lambda: dst.copy_(src)}
+    for path in paths:
+        fns[f"transform {path}"] = _forced(run(kernel), path)
     if kernel:
-        fns["eager"] = lambda: transform.hawk_transform(layers, req, out=out, gather=gather,
-                                                        kernel=False)
+        fns["eager"] = run(False)
     t = _timed(fns, device, repeats)
-    row = dict(dtype=dtype, layers=num_layers, bytes_in=nbytes, bytes_out=out.numel(),
-               path="fused C++ kernel" if kernel else "eager torch",
-               prepare_s=prepare_s, transform_s=t["transform"], copy_s=t["copy"],
-               transform_gbps=nbytes / t["transform"] / 1e9, copy_gbps=nbytes / t["copy"] / 1e9,
-               ratio=t["copy"] / t["transform"])
-    if kernel:
-        row.update(build_s=layout_kernel.build_seconds(), eager_s=t["eager"],
-                   eager_ratio=t["copy"] / t["eager"])
-    return row
+    rows = []
+    for path in paths:
+        took = t[f"transform {path}"]
+        row = dict(dtype=dtype, layers=num_layers, threads=torch.get_num_threads(),
+                   bytes_in=nbytes, bytes_out=out.numel(),
+                   path="fused C++ kernel" if kernel else "eager torch",
+                   kernel_path=(path or layout_kernel.best_path() if block_float else "copy")
+                   if kernel else None,
+                   prepare_s=prepare_s, transform_s=took, copy_s=t["copy"],
+                   transform_gbps=nbytes / took / 1e9, copy_gbps=nbytes / t["copy"] / 1e9,
+                   ratio=t["copy"] / took)
+        if kernel:
+            row.update(build_s=layout_kernel.build_seconds(), eager_s=t["eager"],
+                       eager_ratio=t["copy"] / t["eager"])
+        rows.append(row)
+    return rows
+
+
+def scaling(rows: list[dict]) -> list[dict]:
+    """Speed-up of the transformation (and of the copy) at each thread count over the first
+    one measured, per format and path."""
+    first = {}
+    out = []
+    for row in rows:
+        key = (row["dtype"], row["kernel_path"])
+        base = first.setdefault(key, row)
+        if row is not base:
+            out.append(dict(dtype=row["dtype"], kernel_path=row["kernel_path"],
+                            threads=row["threads"], base_threads=base["threads"],
+                            speedup=base["transform_s"] / row["transform_s"],
+                            copy_speedup=base["copy_s"] / row["copy_s"]))
+    return out
 
 
 def run(tokens: int = 4096, device: str = "cpu", repeats: int = 5, tp: int = 4,
         dram: str = "p150a", dtypes=("bfloat16", "bfloat8_b", "bfloat4_b"), bench_layers: int = 8,
-        threads: int | None = None) -> dict:
-    """Write counts for the full 80-layer request; throughput over ``bench_layers`` layers."""
+        threads=None, paths=(None,)) -> dict:
+    """Write counts for the full 80-layer request; throughput over ``bench_layers`` layers at
+    each thread count in ``threads`` (an int, a list, or None: torch's own) and each kernel
+    path in ``paths`` (None: the fastest; refused by name where the CPU lacks one)."""
     import torch
+    from hardware import layout_kernel
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but torch.cuda is not available")
-    if threads is not None:
-        torch.set_num_threads(threads)
+    for path in paths:
+        if path is not None:
+            layout_kernel.check_path(path)
+    counts = [threads] if isinstance(threads, int) else list(threads or [None])
+    if any(n is not None and n < 1 for n in counts):
+        raise ValueError(f"threads {counts}: each must be at least 1")
+    before = torch.get_num_threads()
+    rows = []
+    try:
+        for n in counts:
+            if n is not None:
+                torch.set_num_threads(n)
+            for d in dtypes:
+                rows += throughput(tokens, tp, dram, d, bench_layers, device, repeats, paths)
+        used = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
     req = make_transfer(tokens, tp, dram, "bfloat8_b", LLAMA_70B["num_layers"])
     return dict(tokens=tokens, tp=tp, dram=dram, device=device,
-                threads=torch.get_num_threads(), kv_heads_per_chip=req.gpu.num_kv_heads,
-                write_counts=write_counts(req, tp),
-                throughput=[throughput(tokens, tp, dram, d, bench_layers, device, repeats)
-                            for d in dtypes])
+                threads=used if len(counts) == 1 else [r["threads"] for r in rows[::len(rows)
+                                                                          // len(counts)]],
+                kv_heads_per_chip=req.gpu.num_kv_heads, write_counts=write_counts(req, tp),
+                throughput=rows, scaling=scaling(rows))
 
 
 def format_table(result: dict) -> str:
@@ -143,17 +203,53 @@ def format_table(result: dict) -> str:
     imb = result["write_counts"]["bank_imbalance"]
     lines.append(f"bank imbalance (max/mean): single buffer {imb['single_buffer']:.2f}, "
                  f"layout-aware {imb['layout_aware']:.2f}")
-    lines.append(f"transformation on {result['device']} ({result['threads']} threads) vs a "
-                 f"torch copy_ of the same bytes (the request's GPU KV blocks), medians:")
+    lines.append(f"transformation on {result['device']} vs a torch copy_ of the same bytes (the "
+                 f"request's GPU KV blocks), medians:")
+    threads = None
     for t in result["throughput"]:
+        if t["threads"] != threads:
+            threads = t["threads"]
+            lines.append(f" {threads} thread{'s' if threads > 1 else ''}:")
+        how = t["path"] + (f", {t['kernel_path']}" if t["kernel_path"] else "")
         lines.append(f"  {t['dtype']:10s} {t['layers']} layers {t['bytes_in'] / 2**20:7.1f} MiB: "
                      f"transform {t['transform_gbps']:6.2f} GB/s, copy {t['copy_gbps']:6.2f} "
-                     f"GB/s, ratio {t['ratio']:.3f} ({t['path']}; index build "
+                     f"GB/s, ratio {t['ratio']:.3f} ({how}; index build "
                      f"{t['prepare_s'] * 1e3:.1f} ms)")
         if "eager_ratio" in t:
             lines.append(f"  {'':10s} eager torch path: ratio {t['eager_ratio']:.3f} (kernel "
                          f"built or loaded in {t['build_s']:.1f} s, not timed)")
+    if result["scaling"]:
+        lines.append("thread scaling: transformation time over the first thread count's "
+                     "(the copy's in brackets):")
+    for s in result["scaling"]:
+        lines.append(f"  {s['dtype']:10s} {s['kernel_path'] or 'eager':8s} {s['base_threads']} -> "
+                     f"{s['threads']} threads: {s['speedup']:.2f}x (copy {s['copy_speedup']:.2f}x)")
     return "\n".join(lines)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers, comma-separated, "
+                                         f"e.g. 1,2") from None
+
+
+def _paths(text: str) -> list[str | None]:
+    names = [v.strip().lower() for v in text.split(",")]
+    allowed = ("auto", "all", "portable", "avx2", "avx512")
+    bad = [v for v in names if v not in allowed]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]!r}: allowed: {', '.join(allowed)}")
+    return [None if v == "auto" else v for v in names]
+
+
+def _all_paths(paths: list) -> list:
+    """``all`` -> every path the CPU has, fastest first (none without a kernel)."""
+    if "all" not in paths:
+        return paths
+    from hardware import layout_kernel
+    return list(reversed(layout_kernel.supported_paths())) or [None]
 
 
 def main(argv=None) -> int:
@@ -164,9 +260,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=4)
     parser.add_argument("--dram", choices=sorted(DRAMS), default="p150a")
     parser.add_argument("--layers", type=int, default=8, help="layers timed (counts use 80)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=_ints, default=None,
                         help="torch's intra-op threads: the copy baseline and the fused kernel "
-                             "(which splits the pages over them) both use them")
+                             "(which splits the pages over them) both use them; a list (1,2) "
+                             "measures each and prints the speed-up")
+    parser.add_argument("--path", type=_paths, default=[None],
+                        help="the kernel's block-float path(s): auto (the fastest this CPU "
+                             "has), portable, avx2, avx512, or all that the CPU has; "
+                             "comma-separated")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -177,7 +278,8 @@ def main(argv=None) -> int:
         return 2
     try:
         result = run(tokens=args.tokens, device=args.device, repeats=args.repeats, tp=args.tp,
-                     dram=args.dram, bench_layers=args.layers, threads=args.threads)
+                     dram=args.dram, bench_layers=args.layers, threads=args.threads,
+                     paths=_all_paths(args.path))
     except ValueError as e:
         print(f"layout_bench: {e}", file=sys.stderr)
         return 2

@@ -3,14 +3,19 @@
 ``csrc/layout_kernel.cpp`` reads each page's 32 tile rows straight from a layer's scattered
 GPU blocks (``TileGather.sources``) and writes its send row once, tilized and packed:
 bfloat16 / float32 values as they are, or bfloat8_b / bfloat4_b with the integer recipe of
-``hardware.tiles.bfp_encode``, so it is byte-exact with the eager torch path. Where the CPU has
-AVX-512 (F, BW, VL), block floats from bfloat16 are packed with it, one tile row per vector
-register, the pages of a TT block side by side; a portable path packs them otherwise (and, for
-tests, on request). Pages are split over torch's intra-op threads (``torch.set_num_threads``;
-each page fills its own send row, so the bytes never depend on the split). It is compiled
-with ``torch.utils.cpp_extension.load`` the first time a CPU transformation asks for it (a few
-seconds; cached in torch's extension directory, ``~/.cache/torch_extensions`` unless
-``TORCH_EXTENSIONS_DIR`` says otherwise) and registered as ``torch.ops.hawk_layout``.
+``hardware.tiles.bfp_encode``, so it is byte-exact with the eager torch path. Block floats
+from bfloat16 take one of three paths, chosen at run time by asking the CPU: ``avx512``
+(AVX-512 F, BW, VL: one tile row per register), ``avx2`` (AVX2, FMA, F16C: one group per
+register) or ``portable`` (plain C++ that the compiler vectorises; float16 and float32 caches
+always take it). All give the same bytes; ``HAWK_TRANSFORM_PATH=avx2`` (or the ``path``
+argument of ``pack_layer``) forces one, and a path the CPU lacks is refused by name. The
+build is x86-64 baseline with each vector path compiled for its own target, so one build
+runs on any CPU of the architecture. Pages are split over torch's intra-op threads
+(``torch.set_num_threads``; each page fills its own send row, so the bytes never depend on the
+split). It is compiled with ``torch.utils.cpp_extension.load`` the first time a CPU
+transformation asks for it (a few seconds; cached in torch's extension directory,
+``~/.cache/torch_extensions`` unless ``TORCH_EXTENSIONS_DIR`` says otherwise, under a name
+that changes with the sources) and registered as ``torch.ops.hawk_layout``.
 
 When it cannot be built (no compiler, no ninja, a build error) ``available()`` is False, the
 reason is logged at debug level and ``hardware.transform`` runs its eager torch path.
@@ -19,12 +24,11 @@ reason is logged at debug level and ``hardware.transform`` runs its eager torch 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 
@@ -32,8 +36,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "layout_kernel.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "layout_kernel.cpp"
 ENV_VAR = "HAWK_TRANSFORM_KERNEL"
+PATH_VAR = "HAWK_TRANSFORM_PATH"
+PATHS = {"portable": 1, "avx2": 2, "avx512": 3}         # block-float paths, slowest first
 MAG_BITS = {"bfloat16": 0, "float32": 0, "bfloat8_b": 7, "bfloat4_b": 3}
 SAME_BITS = {"bfloat16": torch.bfloat16, "float32": torch.float32}   # sent as they are
 BLOCK_FLOAT_SOURCES = (torch.bfloat16, torch.float16, torch.float32)
@@ -44,22 +51,14 @@ def enabled() -> bool:
     return os.environ.get(ENV_VAR, "1").strip() != "0"
 
 
-def _native() -> bool:
-    """``-march=native`` only where it is known to work (gcc or clang on x86-64 Linux); the
-    build is then named after the CPU's features, so a cache shared by machines with other
-    CPUs never loads code built for instructions they lack."""
-    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
-
-
-def _cpu_tag() -> str:
-    """A short hash of the CPU's feature flags (Linux), for the build's name."""
-    flags = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags += next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+def _source_tag() -> str:
+    """A short hash of the kernel's sources, for the build's name: an edited kernel is built
+    afresh rather than loaded from a cache of the old one."""
+    digest = hashlib.sha1()
+    for path in sorted(CSRC.iterdir()):
+        if path.suffix in (".cpp", ".h"):
+            digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 @functools.cache
@@ -68,11 +67,8 @@ def _build() -> float | None:
     start = time.perf_counter()
     try:
         from torch.utils import cpp_extension
-        native = _native()
-        cpp_extension.load(name=f"hawk_layout_{_cpu_tag() if native else 'generic'}",
-                           sources=[str(SOURCE)],
-                           extra_cflags=["-O3", "-march=native"] if native else ["-O3"],
-                           is_python_module=False, verbose=False)
+        cpp_extension.load(name=f"hawk_layout_{_source_tag()}", sources=[str(SOURCE)],
+                           extra_cflags=["-O3"], is_python_module=False, verbose=False)
         torch.ops.hawk_layout.pack_layer                                 # registered
     except Exception as e:                                               # noqa: BLE001
         log.debug("fused layout kernel unavailable, using eager torch: %s", e)
@@ -101,16 +97,67 @@ def applies(layer: torch.Tensor, tt_dtype: str, gather) -> bool:
     return SAME_BITS.get(tt_dtype) == layer.dtype
 
 
-def vectorized() -> bool:
-    """Whether the built kernel packs block floats from bfloat16 with AVX-512 (building it if
-    need be)."""
-    return available() and bool(torch.ops.hawk_layout.vectorized())
+@functools.cache
+def supported_paths() -> tuple[str, ...]:
+    """The block-float paths this CPU runs, slowest first (building the kernel if need be;
+    empty where it cannot be built)."""
+    if not available():
+        return ()
+    return tuple(name for name, code in PATHS.items() if torch.ops.hawk_layout.supports(code))
+
+
+def best_path() -> str | None:
+    """The path block floats from bfloat16 take unless one is forced, or None without a
+    kernel."""
+    paths = supported_paths()
+    return paths[-1] if paths else None
+
+
+def forced_path() -> str | None:
+    """The path ``HAWK_TRANSFORM_PATH`` forces, or None where it is unset, empty or "auto"."""
+    name = os.environ.get(PATH_VAR, "").strip().lower()
+    if name in ("", "auto"):
+        return None
+    if name not in PATHS:
+        raise ValueError(f"{PATH_VAR}={name!r}: not a kernel path; allowed: auto, "
+                         f"{', '.join(PATHS)}")
+    return name
+
+
+def check_path(path: str) -> str:
+    """``path`` where this CPU runs it; else ValueError naming it and the paths it runs."""
+    if path not in PATHS:
+        raise ValueError(f"kernel path {path!r} unknown; allowed: {', '.join(PATHS)}")
+    if path not in supported_paths():
+        raise ValueError(f"kernel path {path!r}: this CPU lacks its instructions (it runs "
+                         f"{', '.join(supported_paths()) or 'none: no kernel'})")
+    return path
+
+
+@contextlib.contextmanager
+def forcing(path: str | None):
+    """Within the block, every pack takes ``path`` (None: the fastest), as
+    ``HAWK_TRANSFORM_PATH`` would say; for benchmarks and tests."""
+    if path is not None:
+        check_path(path)
+    old = os.environ.get(PATH_VAR)
+    os.environ[PATH_VAR] = path or "auto"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[PATH_VAR]
+        else:
+            os.environ[PATH_VAR] = old
 
 
 def pack_layer(layer: torch.Tensor, sources: torch.Tensor, send_rows: torch.Tensor,
-               rows: torch.Tensor, tt_dtype: str, portable: bool = False) -> None:
+               rows: torch.Tensor, tt_dtype: str, path: str | None = None,
+               portable: bool = False) -> None:
     """Fill the send ``rows`` [2 * S, >= page_bytes] (uint8, contiguous rows) of one layer:
-    page ``p`` (tile rows at ``sources[p]``) goes to row ``send_rows[p]``. ``portable``: pack
-    block floats without AVX-512 even where the kernel has it (the same bytes, slower)."""
-    op = torch.ops.hawk_layout.pack_layer_portable if portable else torch.ops.hawk_layout.pack_layer
-    op(layer, sources, send_rows, rows, MAG_BITS[tt_dtype])
+    page ``p`` (tile rows at ``sources[p]``) goes to row ``send_rows[p]``. ``path``: the
+    block-float path to take (default: ``HAWK_TRANSFORM_PATH``, else the fastest the CPU
+    has); ``portable=True`` is ``path="portable"``. Every path gives the same bytes."""
+    name = "portable" if portable else path or forced_path()
+    code = PATHS[check_path(name)] if name is not None else 0
+    torch.ops.hawk_layout.pack_layer(layer, sources, send_rows, rows, MAG_BITS[tt_dtype], code)

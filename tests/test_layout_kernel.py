@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from hardware import layout_bench, layout_kernel, transform
+from hardware import layout_bench, layout_kernel, tiles, transform
 from hardware.plans import hawk_segments
+from test_layout_nonfinite import kernel_pack, narrow_source
 from test_layout_transform import make_transfer, numpy_send_buffer
 
 DTYPES = ["bfloat16", "bfloat8_b", "bfloat4_b", "float32"]
+FIXTURES = {name: np.load(Path(__file__).parent / "data" / f"ttnn-{name}.npz")
+            for name in ("golden", "nonfinite")}        # ttnn's own bytes
 CACHE_DTYPES = {"bfloat16": ["bfloat16"], "float32": ["float32"],
                 "bfloat8_b": ["bfloat16", "float16", "float32"],
                 "bfloat4_b": ["bfloat16", "float16", "float32"]}
@@ -157,9 +160,10 @@ def test_kernel_refuses_a_send_row_given_to_two_pages(kernel):
                                  rows[:, :req.tt.page_bytes], req.tt.dtype)
 
 
-def pack_pages(layers, req, offset, portable):
-    """The kernel's send rows of each layer, built at ``offset`` bytes past a 64-byte aligned
-    buffer full of 0xAB (offset 1: no streamed stores), as [layers, pages, stride] bytes."""
+def pack_pages(layers, req, offset, path):
+    """The kernel's send rows of each layer by ``path``, built at ``offset`` bytes past a
+    64-byte aligned buffer full of 0xAB (offset 1: no streamed stores), as [layers, pages,
+    stride] bytes."""
     gather = transform.prepare(req)
     sources = torch.from_numpy(gather.tiles.sources)
     send_rows = torch.from_numpy(gather.tiles.send_rows)
@@ -170,33 +174,113 @@ def pack_pages(layers, req, offset, portable):
         start = (-region.data_ptr()) % 64 + offset
         rows = region[start:start + pages * stride].view(pages, stride)
         layout_kernel.pack_layer(layer, sources, send_rows, rows[:, :req.tt.page_bytes],
-                                 req.tt.dtype, portable=portable)
+                                 req.tt.dtype, path=path)
         results.append(rows.clone())
     return torch.stack(results)
 
 
+def cpu_path(path):
+    """Skip unless this CPU runs ``path``."""
+    if path not in layout_kernel.supported_paths():
+        pytest.skip(f"this CPU lacks the {path} path's instructions")
+    return path
+
+
+@pytest.mark.parametrize("path", ["avx512", "avx2"])
 @pytest.mark.parametrize("dtype", ["bfloat8_b", "bfloat4_b"])
 @pytest.mark.parametrize("cache_dtype", ["bfloat16", "float16", "float32"])
-def test_vector_packing_equals_portable_packing(kernel, dtype, cache_dtype):
-    # the AVX-512 path (bfloat16 sources, where the kernel has it) against the portable one,
-    # both orders, any bits and the special values, streamed (aligned) and plain (odd) stores
+def test_vector_packing_equals_portable_packing(kernel, path, dtype, cache_dtype):
+    # each vector path (bfloat16 sources, where the CPU has it) against the portable one and
+    # the eager torch path, both orders, any bits and the special values, streamed (aligned)
+    # and plain (odd) stores
+    cpu_path(path)
     rng = np.random.default_rng([DTYPES.index(dtype), CACHE_DTYPES[dtype].index(cache_dtype)])
     for i in range(6):
         req = make_transfer(rng, int(rng.integers(1, 200)), int(rng.integers(1, 4)),
                             int(rng.choice([32, 64, 128])), 16, ["NHD", "HND"][i % 2], 32, dtype,
                             int(rng.integers(1, 13)), alignment=64, gpu_dtype=cache_dtype)
         layers = special_layers(req, rng) if i < 3 else random_bit_layers(req, rng)
-        for offset in (0, 1):
-            vector = pack_pages(layers, req, offset, portable=False)
-            assert torch.equal(vector, pack_pages(layers, req, offset, portable=True))
+        for offset in (0, 1, 32):
+            vector = pack_pages(layers, req, offset, path)
+            assert torch.equal(vector, pack_pages(layers, req, offset, "portable")), offset
         eager = transform.hawk_transform(layers, req, kernel=False).view(vector.shape)
         assert torch.equal(vector[..., :req.tt.page_bytes], eager[..., :req.tt.page_bytes])
 
 
-def test_kernel_says_whether_it_packs_with_avx512(kernel):
-    flags = Path("/proc/cpuinfo").read_text() if layout_kernel._native() else ""
-    has = all(f" {f}" in flags for f in ("avx512f", "avx512bw", "avx512vl"))
-    assert layout_kernel.vectorized() == has
+@pytest.mark.parametrize("path", ["avx512", "avx2", "portable"])
+@pytest.mark.parametrize("dtype", ["bfloat8_b", "bfloat4_b"])
+def test_every_bfloat16_value_packs_alike_on_every_path(kernel, path, dtype):
+    # all 65536 bfloat16 bit patterns, each beside group mates that set every shared exponent
+    # 0..255 in turn: each code against the numpy packing of hardware.tiles
+    cpu_path(path)
+    values = np.arange(1 << 16, dtype=np.uint32)                     # [65536] bit patterns
+    rng = np.random.default_rng(7)
+    for shift in range(0, 256, 51):
+        groups = values.reshape(-1, 16).copy()                          # [4096, 16]
+        big = (rng.integers(0, 256, len(groups)) + shift) % 256        # a mate's exponent
+        groups[:, 0] = (groups[:, 0] & 0x807F) | (big << 7).astype(np.uint32)
+        x = (groups.reshape(-1, 32, 32) << 16).view(np.float32)          # tiles [128, 32, 32]
+        want = tiles.pack(x, dtype)[0]
+        layer = torch.from_numpy((groups.astype(np.uint16)).view(np.int16)).view(torch.bfloat16)
+        sources = torch.arange(len(x) * 32, dtype=torch.int64).view(-1, 32) * 32
+        out = torch.full((len(x), tiles.FORMATS[dtype].tile_bytes), 0xAB, dtype=torch.uint8)
+        layout_kernel.pack_layer(layer.reshape(-1).contiguous(), sources,
+                                 torch.arange(len(x)), out, dtype, path=path)
+        assert np.array_equal(out.numpy().reshape(-1), want), shift
+
+
+@pytest.mark.parametrize("path", ["avx512", "avx2", "portable"])
+def test_every_path_gives_the_ttnn_fixture_bytes(kernel, path):
+    # every block-float case of both ttnn fixtures, from float32 and from each narrow cache
+    # dtype that holds its input exactly (bfloat16: the vector paths' own input)
+    cpu_path(path)
+    from_bfloat16 = 0
+    for name, fixture in FIXTURES.items():
+        for k in range(int(fixture["n_cases"])):
+            dtype = str(fixture[f"dtype_{k}"])
+            if dtype not in ("bfloat8_b", "bfloat4_b"):
+                continue
+            x = fixture[f"input_{k}"]
+            for source in ("float32", "bfloat16", "float16"):
+                layer = torch.from_numpy(x) if source == "float32" else narrow_source(x, source)
+                if layer is None:
+                    continue
+                with layout_kernel.forcing(path):
+                    got = kernel_pack(layer, dtype, portable=False)
+                assert np.array_equal(got, fixture[f"packed_{k}"]), (name, k, source)
+                from_bfloat16 += source == "bfloat16"
+    assert from_bfloat16 >= 5
+
+
+def test_kernel_runs_the_paths_the_cpu_has(kernel):
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    has = {f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
+           if f" {f}" in flags}
+    want = ["portable"]
+    if {"avx2", "fma", "f16c"} <= has:
+        want.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl"} <= has:
+            want.append("avx512")
+    assert layout_kernel.supported_paths() == tuple(want)
+    assert layout_kernel.best_path() == want[-1]
+
+
+def test_kernel_refuses_a_path_by_name(kernel, monkeypatch):
+    req = make_transfer(np.random.default_rng(13), 40, 1, 64, 16, "NHD", 32, "bfloat8_b", 3)
+    layers = transform.make_gpu_cache(req.gpu)
+    monkeypatch.setenv(layout_kernel.PATH_VAR, "avx3")
+    with pytest.raises(ValueError, match="HAWK_TRANSFORM_PATH='avx3'.*allowed: auto, portable"):
+        transform.hawk_transform(layers, req, kernel=True)
+    monkeypatch.setenv(layout_kernel.PATH_VAR, "portable")
+    assert torch.equal(transform.hawk_transform(layers, req, kernel=True),
+                       transform.hawk_transform(layers, req, kernel=False))
+    lacking = [p for p in layout_kernel.PATHS if p not in layout_kernel.supported_paths()]
+    for path in lacking:            # only on CPUs without AVX2 or AVX-512
+        with pytest.raises(ValueError, match=f"{path}.*lacks its instructions"):
+            layout_kernel.pack_layer(layers[0], torch.zeros(0, 32, dtype=torch.int64),
+                                     torch.zeros(0, dtype=torch.int64),
+                                     torch.zeros(0, 1088, dtype=torch.uint8), "bfloat8_b",
+                                     path=path)
 
 
 def test_kernel_is_used_only_where_it_applies(kernel, monkeypatch):

@@ -1,0 +1,141 @@
+// The AVX2 path: block floats from bfloat16, one group (a face row, 16 values) per 256-bit
+// register in 16-bit lanes, the pages of a TT block side by side as on the AVX-512 path.
+// Compiled for its own target; run only where the CPU has AVX2, FMA and F16C
+// (layout_kernel.cpp asks the CPU).
+#pragma once
+
+#include <algorithm>
+
+#include "common.h"
+
+#if defined(HAWK_X86)
+namespace hawk {
+
+// The largest of the 16 unsigned 16-bit lanes, in every lane.
+HAWK_TARGET_AVX2 inline __m256i max_lanes(__m256i v) {
+  const __m256i swap = _mm256_setr_epi8(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13,
+                                        2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v = _mm256_max_epu16(v, _mm256_permute2x128_si256(v, v, 1));
+  v = _mm256_max_epu16(v, _mm256_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm256_max_epu16(v, _mm256_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm256_max_epu16(v, _mm256_shuffle_epi8(v, swap));
+}
+
+// One group of 16 bfloat16 values -> 16 codes (16-bit lanes) and its shared exponent E
+// (``shared``: E << 8 in every lane), the 16-bit recipe of encode_group_bf16 without a
+// variable shift (AVX2 has none for 16-bit lanes): a = Y >> 1 >> k is the high half of
+// Y * 2^(15 - k) (mulhi), whose high byte 0x80 >> k a byte shuffle looks up by k, giving 0
+// for k >= 8 and where exp is 0. Exponents sit in the high byte, so k does too.
+template <int MAG>
+HAWK_TARGET_AVX2 inline __m256i encode_group_avx2(__m256i x, __m256i& shared) {
+  constexpr int drop = 15 - MAG;
+  const __m256i powers = _mm256_setr_epi8(-128, 64, 32, 16, 8, 4, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+                                          -128, 64, 32, 16, 8, 4, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m256i exp = _mm256_and_si256(_mm256_slli_epi16(x, 1), _mm256_set1_epi16(-256));
+  shared = max_lanes(exp);
+  const __m256i k = _mm256_sub_epi16(shared, exp);
+  // shuffle index: high byte min(k, 8), low byte 0x80 (writes 0); all ones where exp is 0
+  const __m256i index = _mm256_or_si256(
+      _mm256_or_si256(_mm256_min_epu16(k, _mm256_set1_epi16(0x0800)), _mm256_set1_epi16(0x80)),
+      _mm256_cmpeq_epi16(exp, _mm256_setzero_si256()));
+  const __m256i scale = _mm256_shuffle_epi8(powers, index);              // 2^(15 - k) or 0
+  const __m256i y = _mm256_or_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16(-32768));
+  const __m256i a = _mm256_mulhi_epu16(y, scale);
+  // half to even: add half - 1, and 1 more where the bit kept last is odd; then saturate
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(a, drop), _mm256_set1_epi16(1));
+  const __m256i sum = _mm256_add_epi16(_mm256_add_epi16(a, odd),
+                                       _mm256_set1_epi16((1 << (drop - 1)) - 1));
+  const __m256i q = _mm256_min_epu16(_mm256_srli_epi16(sum, drop),
+                                     _mm256_set1_epi16((1 << MAG) - 1));
+  // the sign bit where x is negative and q is not 0 (sign_epi16 zeroes it where q is 0)
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(x, 15 - MAG),
+                                        _mm256_set1_epi16(1 << MAG));
+  return _mm256_or_si256(q, _mm256_sign_epi16(sign, q));
+}
+
+template <bool STREAM>
+HAWK_TARGET_AVX2 inline void store_half_line(uint8_t* to, __m256i v) {
+  if constexpr (STREAM) _mm256_stream_si256(reinterpret_cast<__m256i*>(to), v);
+  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), v);
+}
+
+// Tile rows r0 .. r0 + 7 (r0 a multiple of 8) of one bfloat16 tile into ``page``: they are
+// rows r0 % 16 .. + 7 of faces 2h and 2h + 1 (h = r0 / 16), whose codes fill one 64-byte
+// line in each face (bfloat4_b) or two (bfloat8_b), written in halves of 32 bytes back to
+// back (STREAM: non-temporal stores; ``page`` 32-byte aligned). bfloat8_b: two rows' codes
+// make a half line; bfloat4_b: four rows'. Their shared exponents go into ``exps``.
+template <int MAG, bool STREAM>
+HAWK_TARGET_AVX2 inline void pack_rows_avx2(const uint16_t* layer, const int64_t* rows,
+                                            uint8_t* page, const int64_t* ahead, int r0,
+                                            uint8_t* exps) {
+  constexpr int GROUP_BYTES = FACE * (MAG + 1) / 8, STEP = MAG == 7 ? 2 : 4;
+  static const uint16_t zeros[TILE] = {};
+  const int g = (r0 / FACE) * 2 * FACE + r0 % FACE;        // face 2h; face 2h + 1 is 16 on
+  for (int i = 0; i < 8; i += STEP) {
+    __m256i c[2][STEP];
+    for (int s = 0; s < STEP; ++s) {
+      prefetch_row<2>(layer, ahead, r0 + i + s);
+      const int64_t src = rows[r0 + i + s];
+      const uint16_t* x = src < 0 ? zeros : layer + src;
+      for (int fc = 0; fc < 2; ++fc) {
+        __m256i e;
+        c[fc][s] = encode_group_avx2<MAG>(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + fc * FACE)), e);
+        exps[g + fc * FACE + i + s] = uint8_t(_mm256_extract_epi16(e, 0) >> 8);
+      }
+    }
+    for (int fc = 0; fc < 2; ++fc) {
+      uint8_t* to = page + GROUPS + (g + fc * FACE + i) * GROUP_BYTES;
+      if constexpr (MAG == 7) {     // qwords: row 0's 0..7, row 1's 0..7, row 0's 8..15, ...
+        const __m256i packed = _mm256_packus_epi16(c[fc][0], c[fc][1]);
+        store_half_line<STREAM>(to, _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0)));
+      } else {        // bytes (1, 16) . code pairs -> 2m | 2m + 1 << 4; dwords: row k, 8 codes
+        const __m256i nibbles = _mm256_set1_epi16(0x1001);
+        const __m256i ab = _mm256_maddubs_epi16(_mm256_packus_epi16(c[fc][0], c[fc][1]), nibbles);
+        const __m256i cd = _mm256_maddubs_epi16(_mm256_packus_epi16(c[fc][2], c[fc][3]), nibbles);
+        store_half_line<STREAM>(to, _mm256_permutevar8x32_epi32(
+                                        _mm256_packus_epi16(ab, cd),
+                                        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      }
+    }
+  }
+}
+
+// Up to PAGE_GROUP bfloat16 tiles (``rows``: theirs, one after another) into ``pages``, eight
+// tile rows of each in turn (see pack_group_avx512); the shared exponents last, as each
+// page's first line. ``ahead``: the tile rows of the pages AHEAD on (null: none).
+template <int MAG, bool STREAM>
+HAWK_TARGET_AVX2 void pack_group_avx2(const uint16_t* layer, const int64_t* rows,
+                                      uint8_t* const* pages, int count, const int64_t* ahead) {
+  alignas(32) uint8_t exps[PAGE_GROUP][GROUPS];
+  for (int r0 = 0; r0 < TILE; r0 += 8)
+    for (int j = 0; j < count; ++j)
+      pack_rows_avx2<MAG, STREAM>(layer, rows + j * TILE, pages[j],
+                                  ahead ? ahead + j * TILE : nullptr, r0, exps[j]);
+  for (int j = 0; j < count; ++j)
+    for (int half = 0; half < GROUPS; half += 32)
+      store_half_line<STREAM>(pages[j] + half, _mm256_load_si256(
+                                                   reinterpret_cast<__m256i*>(exps[j] + half)));
+}
+
+// Block floats from bfloat16, PAGE_GROUP pages at a time, streamed where every send row is
+// 32-byte aligned.
+template <int MAG>
+HAWK_TARGET_AVX2 void pack_range_avx2(const void* layer, const int64_t* rows,
+                                      const int64_t* send_rows, uint8_t* out, int64_t begin,
+                                      int64_t end, int64_t stride) {
+  const auto* src = static_cast<const uint16_t*>(layer);
+  const bool stream = reinterpret_cast<uintptr_t>(out) % 32 == 0 && stride % 32 == 0;
+  uint8_t* pages[PAGE_GROUP];
+  for (int64_t p = begin; p < end; p += PAGE_GROUP) {
+    const int count = int(std::min<int64_t>(PAGE_GROUP, end - p));
+    for (int j = 0; j < count; ++j) pages[j] = out + send_rows[p + j] * stride;
+    const int64_t* ahead = p + AHEAD + count <= end ? rows + (p + AHEAD) * TILE : nullptr;
+    if (stream) pack_group_avx2<MAG, true>(src, rows + p * TILE, pages, count, ahead);
+    else pack_group_avx2<MAG, false>(src, rows + p * TILE, pages, count, ahead);
+  }
+  if (stream) _mm_sfence();               // the streamed stores, visible before returning
+}
+
+}  // namespace hawk
+#endif

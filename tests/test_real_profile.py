@@ -181,6 +181,11 @@ def test_half_written_row_is_dropped_and_force_clears(tmp_path):
     again = Table(path, ("batch", "seconds_p50"))
     assert again.keys(("batch",)) == {(1.0,)}
     assert path.read_text() == "batch,seconds_p50\n1,0.5\n"
+    with open(path, "a") as f:
+        f.write("two,0.2\n")
+    with pytest.raises(ProfileError, match="decode.csv: line 3"):
+        Table(path, ("batch", "seconds_p50"))
+    path.unlink()
     (tmp_path / "profile.toml").write_text("[sweep]\nrepeats = 3\n")
     header = {"sweep": {"repeats": 5}}
     with pytest.raises(ProfileError, match="sweep.repeats is 5 here, 3 in profile.toml"):

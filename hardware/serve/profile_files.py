@@ -71,8 +71,11 @@ class Table:
             if len(cells) != len(columns):
                 raise ProfileError(f"{path}: line {i} has {len(cells)} fields, expected "
                                    f"{len(columns)}")
-            self.rows.append({c: (x if c == "mechanism" else float(x))
-                              for c, x in zip(columns, cells)})
+            try:
+                self.rows.append({c: (x if c == "mechanism" else float(x))
+                                  for c, x in zip(columns, cells)})
+            except ValueError as e:
+                raise ProfileError(f"{path}: line {i}: {e}") from e
         if lines[-1]:                                 # a half-written last row: drop it
             path.write_text("\n".join([lines[0], *whole]) + "\n")
 

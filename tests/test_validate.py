@@ -297,20 +297,22 @@ def test_bad_inputs_give_one_clear_line(tmp_path, capsys):
 
 
 def test_the_command_runs_both_sides_end_to_end_on_a_tiny_trace(tmp_path, capsys):
-    """Real processes (a router and two workers per load) on six requests: a few seconds of
-    serving per load, most of the test is the workers' start-up."""
+    """Real processes (a router and two workers) on six requests at the knee load: a few
+    seconds of serving, most of the test is the workers' start-up. (Both loads and their
+    files: ``test_validate_finds_the_knee_...`` above, the sides replaced.)"""
     pytest.importorskip("torch")
     pytest.importorskip("aiohttp")
     pytest.importorskip("mooncake.engine", reason="the workers' transport is Mooncake over TCP")
     profile = make_profile(tmp_path / "prof", real_model=True)
     out, plot = tmp_path / "out", tmp_path / "cdf.png"
     assert main(["validate", "--profile", str(profile), "--workload", "chatbot",
-                 "--num-requests", "6", "--out", str(out), "--plot", str(plot),
-                 "--json"]) == 0
+                 "--num-requests", "6", "--rates", "knee", "--out", str(out),
+                 "--plot", str(plot), "--json"]) == 0
     def refuse(token):
         raise AssertionError(f"non-JSON constant {token}")
     result = json.loads(capsys.readouterr().out, parse_constant=refuse)
-    assert [load["name"] for load in result["loads"]] == ["light", "knee"]
+    assert [load["name"] for load in result["loads"]] == ["knee"]
+    assert result["loads"][0]["rate"] == pytest.approx(0.8 * result["simulated_knee_rate"])
     for load in result["loads"]:
         assert load["num_paired"] == 6 and load["only_real"] == load["only_sim"] == []
         assert load["statuses"] == {"real": {"ok": 6}, "sim": {"ok": 6}}

@@ -1,12 +1,24 @@
 """``hawk bench``: how fast the simulator runs, against bare SimPy measured in the same run.
 
-Prints simulated requests per wall-second for a Chatbot run near the knee, the event rate of a
-bare SimPy loop of plain timeouts (the ceiling for any SimPy model on this machine), their ratio
-(simulated requests per bare event), and the wall-time ratio when every output is 10x longer
-(fast-forward keeps events per request O(1), so it should stay well under 2x), and the
-start-up of ``hawk simulate``: a fresh interpreter's seconds up to its first simulated event
-(imports, config, trace; ``startup_s`` in CPU seconds, ``startup_wall_s`` on the clock). Each
-figure is the best of a few interleaved runs, timed in CPU seconds.
+Prints, for a Chatbot run near the knee:
+
+- simulated requests per wall-second, the event rate of a bare SimPy loop of plain timeouts
+  (the ceiling for any SimPy model on this machine) and their ratio, simulated requests per
+  bare event (target ``REQUESTS_PER_EVENT_TARGET``), with the decode instances' timer
+  firings per request (``sim.timers``: one per run that ends at a finish or a preemption);
+- the wall-time ratio when every output is 10x longer (target ``LONG_OUTPUT_RATIO_TARGET``),
+  twice: at the same offered load (arrivals at 1/10 the rate, the same output tokens per
+  second, the like-for-like case: fast-forward keeps events per request O(1)) and at the
+  same arrival rate. The latter is 10x the decode demand of a run at the knee: the queue
+  grows without bound and the full KV pool preempts and restores requests over and over
+  (``num_preemptions_per_request``), so its cost is per preemption, not per output token;
+- the start-up of ``hawk simulate``: a fresh interpreter's seconds up to its first simulated
+  event (imports, config, trace; ``startup_s`` in CPU seconds, ``startup_wall_s`` on the
+  clock; target ``STARTUP_TARGET_S``);
+- the peak resident memory of a fresh ``hawk simulate`` of ``memory_requests`` (10^6)
+  requests, in memory (records as one table) and streamed (``--stream``, ``sim.stream``).
+
+Each timing is the best of a few interleaved runs, timed in CPU seconds.
 """
 
 from __future__ import annotations
@@ -59,6 +71,9 @@ try:
 except FirstEvent:
     print(time.process_time(), time.perf_counter() - wall)
 """
+#: the goals of ``hawk bench`` (printed beside the measured figures)
+REQUESTS_PER_EVENT_TARGET = 0.06
+LONG_OUTPUT_RATIO_TARGET = 2.0
 STARTUP_TARGET_S = 0.5
 
 
@@ -74,6 +89,32 @@ def startup_seconds(timeout_s: float = 120.0) -> tuple[float, float]:
     return float(fields[0]), float(fields[1])
 
 
+# Run by a fresh interpreter: ``hawk simulate`` with the given arguments, then its peak
+# resident memory (Linux reports kilobytes) as the last line.
+MEMORY_SCRIPT = """
+import resource, sys
+from sim.cli import main
+code = main(sys.argv[1:])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+
+def peak_memory_mb(num_requests: int, rate: float, stream: bool, seed: int = 0,
+                   timeout_s: float = 1800.0) -> float:
+    """Peak resident MB of a fresh ``hawk simulate --num-requests N --rate R``, streamed or
+    in memory."""
+    args = ["simulate", "--num-requests", str(num_requests), "--rate", f"{rate:g}",
+            "--seed", str(seed), "--json", "--stream" if stream else "--no-stream"]
+    done = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, *args], capture_output=True,
+                          text=True, timeout=timeout_s)
+    lines = done.stdout.split()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"memory probe failed (exit {done.returncode}): "
+                           f"{done.stderr.strip()[-500:]}")
+    return int(lines[-1]) / 1024
+
+
 def find_knee(config: RunConfig, num_requests: int = 2000) -> float:
     """A quick knee estimate on a coarse grid (in this process)."""
     small = config.replace(**{"workload.num_requests": num_requests})
@@ -82,62 +123,105 @@ def find_knee(config: RunConfig, num_requests: int = 2000) -> float:
     return summary["knee_rate"]
 
 
-def _timed(config: RunConfig, trace: Trace) -> tuple[float, dict]:
+def _timed(config: RunConfig, trace: Trace):
     start = time.process_time()
     result = simulate(config, trace)
-    return time.process_time() - start, result.summary
+    return time.process_time() - start, result
+
+
+def _longer_outputs(rate: float, num_requests: int, seed: int) -> Trace:
+    trace = make_workload("chatbot", rate, num_requests, seed=seed)
+    return Trace(trace.arrival_at, trace.num_prompt_tokens, trace.num_output_tokens * 10,
+                 trace.request_id, name="chatbot-10x-output")
 
 
 def run(num_requests: int = 100_000, rate: float | None = None, seed: int = 0,
-        repeats: int = 3) -> dict:
-    """Each figure is the best of ``repeats`` interleaved runs (CPU time of this process), so
-    a noisy machine slows neither side of a ratio more than the other."""
+        repeats: int = 3, memory_requests: int = 1_000_000) -> dict:
+    """Each timing is the best of ``repeats`` interleaved runs (CPU time of this process), so
+    a noisy machine slows neither side of a ratio more than the other. ``memory_requests``
+    0 skips the memory probes."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if memory_requests < 0:
+        raise ValueError(f"memory_requests must be >= 0, got {memory_requests}")
     config = RunConfig(seed=seed)
     rate = rate if rate is not None else find_knee(config)
     trace = make_workload("chatbot", rate, num_requests, seed=seed)
-    long_trace = Trace(trace.arrival_at, trace.num_prompt_tokens, trace.num_output_tokens * 10,
-                       trace.request_id, name="chatbot-10x-output")
-    bare, wall, long_wall = 0.0, math.inf, math.inf
-    startup, startup_wall = math.inf, math.inf
+    runs = {"1x": trace,                                                 # at the knee
+            "10x": _longer_outputs(rate / 10, num_requests, seed),       # same offered load
+            "10x_same_rate": _longer_outputs(rate, num_requests, seed)}  # 10x the demand
+    walls = dict.fromkeys(runs, math.inf)
+    results: dict = {}
+    bare, startup, startup_wall = 0.0, math.inf, math.inf
     for _ in range(repeats):
         cpu_s, wall_s = startup_seconds()
         startup, startup_wall = min(startup, cpu_s), min(startup_wall, wall_s)
         bare = max(bare, bare_event_rate())
-        w, summary = _timed(config, trace)
-        wall = min(wall, w)
-        w, long_summary = _timed(config, long_trace)
-        long_wall = min(long_wall, w)
-    sim_rate = num_requests / wall
-    return {
+        for name, t in runs.items():
+            w, results[name] = _timed(config, t)
+            walls[name] = min(walls[name], w)
+    sim_rate = num_requests / walls["1x"]
+
+    def per_request(name: str, key: str) -> float:
+        return sum(results[name].stats[key]) / num_requests
+
+    report = {
         "num_requests": num_requests,
         "rate": rate,
         "repeats": repeats,
-        "slo_attainment": summary["slo_attainment"],
-        "wall_s": wall,
+        "slo_attainment": results["1x"].summary["slo_attainment"],
+        "wall_s": walls["1x"],
         "simulated_requests_per_s": sim_rate,
         "bare_simpy_events_per_s": bare,
         "requests_per_bare_event": sim_rate / bare,
-        "long_output_wall_s": long_wall,
-        "long_output_wall_ratio": long_wall / wall,
-        "long_output_slo_attainment": long_summary["slo_attainment"],
+        "requests_per_bare_event_target": REQUESTS_PER_EVENT_TARGET,
+        "decode_wakeups_per_request": per_request("1x", "decode_wakeups"),
+        "long_output_rate": rate / 10,
+        "long_output_wall_s": walls["10x"],
+        "long_output_wall_ratio": walls["10x"] / walls["1x"],
+        "long_output_slo_attainment": results["10x"].summary["slo_attainment"],
+        "long_output_preemptions_per_request": per_request("10x", "decode_preemptions"),
+        "long_output_same_rate_wall_s": walls["10x_same_rate"],
+        "long_output_same_rate_wall_ratio": walls["10x_same_rate"] / walls["1x"],
+        "long_output_same_rate_slo_attainment":
+            results["10x_same_rate"].summary["slo_attainment"],
+        "long_output_same_rate_preemptions_per_request":
+            per_request("10x_same_rate", "decode_preemptions"),
+        "long_output_ratio_target": LONG_OUTPUT_RATIO_TARGET,
         "startup_s": startup,
         "startup_wall_s": startup_wall,
+        "startup_target_s": STARTUP_TARGET_S,
+        "memory_requests": memory_requests,
     }
+    if memory_requests:
+        report["peak_rss_mb"] = peak_memory_mb(memory_requests, rate, stream=False, seed=seed)
+        report["peak_rss_mb_streamed"] = peak_memory_mb(memory_requests, rate, stream=True,
+                                                        seed=seed)
+    return report
 
 
 def format_report(r: dict) -> str:
-    return "\n".join([
+    lines = [
         f"Chatbot, {r['num_requests']:,} requests at {r['rate']:g} req/s "
         f"(SLO attainment {100 * r['slo_attainment']:.1f}%); best of {r['repeats']} "
         f"interleaved runs, CPU time",
         f"  simulated requests/s     {r['simulated_requests_per_s']:>12,.0f}   "
         f"({r['wall_s']:.2f} s wall)",
         f"  bare SimPy events/s      {r['bare_simpy_events_per_s']:>12,.0f}",
-        f"  requests per bare event  {r['requests_per_bare_event']:>12.4f}   (target >= 0.05)",
+        f"  requests per bare event  {r['requests_per_bare_event']:>12.4f}   "
+        f"(target >= {REQUESTS_PER_EVENT_TARGET:g}; "
+        f"{r['decode_wakeups_per_request']:.2f} decode timer firings per request)",
         f"  10x longer outputs       {r['long_output_wall_ratio']:>12.2f}x wall "
-        f"({r['long_output_wall_s']:.2f} s; target < 2x)",
+        f"({r['long_output_wall_s']:.2f} s at {r['long_output_rate']:g} req/s, the same "
+        f"output tokens/s; target < {LONG_OUTPUT_RATIO_TARGET:g}x)",
+        f"    at the same req/s      {r['long_output_same_rate_wall_ratio']:>12.2f}x wall "
+        f"({r['long_output_same_rate_wall_s']:.2f} s; 10x the decode demand, overloaded: "
+        f"{r['long_output_same_rate_preemptions_per_request']:.2f} preemptions per request)",
         f"  start-up to first event  {r['startup_s']:>12.3f} s CPU "
         f"({r['startup_wall_s']:.3f} s wall; target < {STARTUP_TARGET_S:g} s)",
-    ])
+    ]
+    if "peak_rss_mb" in r:
+        lines.append(f"  peak memory, {r['memory_requests']:,} requests "
+                     f"{r['peak_rss_mb']:>7,.0f} MB in memory, "
+                     f"{r['peak_rss_mb_streamed']:,.0f} MB streamed")
+    return "\n".join(lines)

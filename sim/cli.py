@@ -445,8 +445,10 @@ def cmd_bench(args) -> int:
 
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.memory_requests < 0:
+        raise ConfigError(f"--memory-requests must be >= 0, got {args.memory_requests}")
     report = bench.run(num_requests=args.num_requests, rate=args.rate, seed=args.seed,
-                       repeats=args.repeats)
+                       repeats=args.repeats, memory_requests=args.memory_requests)
     print(dumps(report) if args.json else bench.format_report(report))
     return 0
 
@@ -561,6 +563,9 @@ def build_parser(extras: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, help="arrival rate (default: the knee, found first)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="best of this many runs (default 3)")
+    p.add_argument("--memory-requests", type=int, default=1_000_000,
+                   help="requests of the peak-memory runs, in memory and streamed "
+                        "(default 1,000,000; 0 skips them)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 

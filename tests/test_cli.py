@@ -113,13 +113,18 @@ def test_mechanism_flag_selects_the_transfer_path(capsys):
 
 def test_bench_reports_rates_and_ratios(capsys):
     report = run_json(capsys, "bench", "--num-requests", "2000", "--rate", "0.5",
-                      "--repeats", "1", "--json")
+                      "--repeats", "1", "--memory-requests", "2000", "--json")
     assert report["num_requests"] == 2000 and report["repeats"] == 1
     assert report["requests_per_bare_event"] == pytest.approx(
         report["simulated_requests_per_s"] / report["bare_simpy_events_per_s"])
     assert report["long_output_wall_ratio"] == pytest.approx(
         report["long_output_wall_s"] / report["wall_s"])
+    assert report["long_output_same_rate_wall_ratio"] == pytest.approx(
+        report["long_output_same_rate_wall_s"] / report["wall_s"])
+    assert report["long_output_rate"] == pytest.approx(0.05)
     assert 0 < report["slo_attainment"] <= 1
+    assert 0 < report["decode_wakeups_per_request"] <= 1     # one per finish at most here
+    assert report["peak_rss_mb"] > 10 and report["peak_rss_mb_streamed"] > 10
 
 
 def test_bench_refuses_zero_repeats(capsys):

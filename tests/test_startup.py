@@ -7,8 +7,9 @@ from sim import bench
 
 # Imported to register other commands, or heavy libraries a simulation does not need before
 # it starts (pandas comes later, for the records).
+HEAVY = ("pandas", "matplotlib", "scipy", "pyarrow", "torch", "ray")
 NOT_BEFORE_FIRST_EVENT = ("hardware.mechanisms", "hardware.transfer_bench", "sim.calibrate",
-                          "traces.loaders", "pandas", "matplotlib", "scipy", "torch")
+                          "traces.loaders") + HEAVY
 
 
 def modules_at_first_event() -> set[str]:
@@ -43,6 +44,22 @@ def test_bench_measures_startup_in_a_fresh_interpreter():
     assert cpu_s > 0 and wall_s > 0
     report = dict(num_requests=10, rate=0.5, slo_attainment=1.0, repeats=1, wall_s=1.0,
                   simulated_requests_per_s=10.0, bare_simpy_events_per_s=100.0,
-                  requests_per_bare_event=0.1, long_output_wall_ratio=1.1,
-                  long_output_wall_s=1.1, startup_s=cpu_s, startup_wall_s=wall_s)
-    assert f"start-up to first event  {cpu_s:>12.3f} s CPU" in bench.format_report(report)
+                  requests_per_bare_event=0.1, decode_wakeups_per_request=0.9,
+                  long_output_rate=0.05, long_output_wall_ratio=1.1, long_output_wall_s=1.1,
+                  long_output_same_rate_wall_ratio=3.0, long_output_same_rate_wall_s=3.0,
+                  long_output_same_rate_preemptions_per_request=1.4,
+                  startup_s=cpu_s, startup_wall_s=wall_s, memory_requests=1000,
+                  peak_rss_mb=150.0, peak_rss_mb_streamed=120.0)
+    text = bench.format_report(report)
+    assert f"start-up to first event  {cpu_s:>12.3f} s CPU" in text
+    # the goals, printed beside the figures
+    assert "target >= 0.06" in text and "target < 2x" in text and "target < 0.5 s" in text
+    assert "150 MB in memory, 120 MB streamed" in text
+
+
+def test_importing_the_command_line_imports_no_heavy_library():
+    done = subprocess.run([sys.executable, "-c", "import sys, sim.cli; print(' '.join("
+                           "sorted(sys.modules)))"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = {name.split(".")[0] for name in done.stdout.split()}
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))

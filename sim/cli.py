@@ -49,6 +49,11 @@ def _config_from_args(args) -> RunConfig:
         changes["cluster.link.mechanism"] = args.mechanism
     if getattr(args, "oracle", False):
         changes["cluster.fast_forward"] = False
+    if getattr(args, "profile", None) is not None:
+        from sim.profile_dir import load_profile_dir
+
+        load_profile_dir(args.profile)      # a missing or bad directory is named here
+        changes["cluster.profile"] = str(args.profile)
     if getattr(args, "cells", None) is not None:
         changes["cells.count"] = args.cells
     if getattr(args, "cell_instances", None) is not None:
@@ -92,6 +97,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
+def _add_profile(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", type=Path, metavar="DIR",
+                   help="a measured profile directory (hawk real profile --out DIR): time the "
+                        "run by its tables, on a cluster that mirrors the real mode's")
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
@@ -102,7 +113,8 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
     cl = config.cluster
     load = (f"trace {trace_name}" if trace_name else
             f"workload {config.workload.name} @ {config.workload.rate:g} req/s, seed {config.seed}")
-    head = (f"{cl.model}: prefill {cl.prefill.num_instances}x({cl.prefill.tp}x {cl.prefill.device})"
+    model = f"measured profile {cl.profile}" if "profile" in summary else cl.model
+    head = (f"{model}: prefill {cl.prefill.num_instances}x({cl.prefill.tp}x {cl.prefill.device})"
             f" -> decode {cl.decode.num_instances}x({cl.decode.tp}x {cl.decode.device}) via "
             f"{cl.link.mechanism}, {load}")
     rows = [("requests", summary["num_requests"]), ("finished ok", summary["num_finished"]),
@@ -122,6 +134,7 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
              ("simulated time (s)", _fmt(summary.get("simulated_time_s", math.nan))),
              ("wall time (s)", _fmt(summary.get("sim_wall_time_s", math.nan)))]
     rows += _capacity_rows(summary)
+    rows += _profile_rows(summary.get("profile"))
     for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
         rows.append(("failures" if k == 0 else "", reason))
     width = max(len(k) for k, _ in rows)
@@ -150,6 +163,19 @@ def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _profile_rows(profile: dict | None) -> list[tuple[str, str]]:
+    """A measured profile's run: whether the profile is whole, and where the run extrapolated."""
+    if profile is None:
+        return []
+    rows = [] if profile["complete"] else [("profile", "incomplete (complete = false): some "
+                                                      "points not measured yet")]
+    for k, (axis, span) in enumerate(profile["extrapolated"].items()):
+        (mlo, mhi), (ulo, uhi) = span["measured"], span["used"]
+        rows.append(("extrapolated" if k == 0 else "",
+                     f"{axis}: used {ulo:g}..{uhi:g}, measured {mlo:g}..{mhi:g}"))
+    return rows
+
+
 def _percent(value) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
 
@@ -162,7 +188,16 @@ def cmd_simulate(args) -> int:
     if args.show_config:
         from sim.config import format_provenance, provenance
 
-        print(dumps(provenance(config)) if args.json else format_provenance(config))
+        from sim.profile_dir import describe_ranges, is_profile_dir
+
+        ranges = describe_ranges(config) if is_profile_dir(config.cluster.profile) else None
+        if args.json:
+            print(dumps({**provenance(config), **({"measured_ranges": ranges} if ranges else {})}))
+        else:
+            print(format_provenance(config))
+            if ranges:
+                print("# measured ranges (" + config.cluster.profile + "); past them the run "
+                      "extrapolates:\n" + "\n".join(f"#   {line}" for line in ranges))
         return 0
     if args.out is not None:
         writable_dir(args.out)
@@ -491,6 +526,7 @@ def build_parser(extras: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="processes running cells (default: one per core)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the cells on Ray: a local cluster, or the one at ADDRESS")
+    _add_profile(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("sweep", help="SLO attainment over a range of rates, and the knee")
@@ -502,6 +538,7 @@ def build_parser(extras: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the points on Ray: a local cluster, or the one at ADDRESS")
     p.add_argument("--plot", type=Path, help="write a PNG of attainment and latencies vs rate")
+    _add_profile(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("compare", help="paired comparison of two configurations (or two "
@@ -572,7 +609,34 @@ def build_parser(extras: bool = True) -> argparse.ArgumentParser:
     for name in EXTRA_COMMANDS if extras else ():
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name).register(sub)
+    if "calibrate" in sub.choices:
+        _add_measured_calibration(sub.choices["calibrate"])
     return parser
+
+
+def _add_measured_calibration(p: argparse.ArgumentParser) -> None:
+    """``hawk calibrate --profile DIR``: fit the roofline and transfer parameters to a measured
+    profile (``sim.calibrate_measured``); without ``--profile`` the targets fit runs as before."""
+    targets = p.get_default("func")
+    p.add_argument("--profile", type=Path, metavar="DIR",
+                   help="fit the roofline's efficiency factors and the transfer parameters to "
+                        "this measured profile directory instead of --targets")
+    p.add_argument("--device", metavar="NAME",
+                   help="with --profile: the device key the fitted [efficiency] table is "
+                        "written under (default: the measuring machine, 'measured')")
+    p.add_argument("--out", type=Path, metavar="FILE",
+                   help="with --profile: write the fitted profile TOML here")
+
+    def dispatch(args) -> int:
+        if args.profile is None:
+            if args.device is not None or args.out is not None:
+                raise ConfigError("--device and --out go with --profile DIR")
+            return targets(args)
+        from sim.calibrate_measured import cmd_calibrate
+
+        return cmd_calibrate(args)
+
+    p.set_defaults(func=dispatch)
 
 
 BUILT_IN_COMMANDS = ("simulate", "sweep", "compare", "plan", "bench")

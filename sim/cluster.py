@@ -21,9 +21,10 @@ from sim.config import ConfigError, InstanceConfig, RunConfig, provenance
 from sim.decode import DecodeInstance
 from sim.ledger import Ledger
 from sim.link import KVLink
-from sim.npu_memory import pool_for
+from sim.npu_memory import make_pool, pool_for
 from sim.predictor import Predictor, RooflinePredictor, load_profile
 from sim.prefill import PrefillInstance
+from sim.profile_dir import SerialLink, measured_parts
 from sim.router import Router
 from sim.run_size import check_run_size, expected_num_requests
 from sim.transfer import pricing_for, transfer_params
@@ -88,6 +89,42 @@ def workload_trace(config: RunConfig) -> Trace:
     return make_workload(w.name, w.rate, w.num_requests, w.duration_s, seed=config.seed)
 
 
+@dataclass
+class _Parts:
+    """What a run is built from: the catalogs and a named profile, or a measured profile
+    directory (``sim.profile_dir``)."""
+
+    model: object
+    predictors: tuple
+    pricing: object
+    blocks: tuple                   # (prefill send-buffer blocks, decode pool blocks)
+    make_link: object               # (env, ledger) -> the link of one decode node
+    make_pool: object               # decode blocks -> the decode pool
+    restore_time: object
+    measured: object = None         # sim.profile_dir.MeasuredParts, or None
+
+
+def _parts(config: RunConfig, predictors, pricing) -> _Parts:
+    cl = config.cluster
+    m = measured_parts(config)
+    if m is not None:
+        return _Parts(m.profile.model, predictors or (m.predictor, m.predictor),
+                      pricing or m.pricing, (m.prefill_blocks, m.decode_blocks), SerialLink,
+                      lambda n: make_pool("block", n, cl.decode.block_size), m.restore_time, m)
+    predictors = predictors or (make_predictor(config, cl.prefill),
+                                make_predictor(config, cl.decode))
+    blocks = (kv_capacity_blocks(config, cl.prefill), kv_capacity_blocks(config, cl.decode))
+    try:
+        pricing = pricing or pricing_for(config)
+    except ValueError as exc:
+        raise ConfigError(f"cluster.link.mechanism: {exc}") from exc
+    bandwidth_gb_s = cl.link.bandwidth_gb_s or transfer_params(cl.profile).wire_gb_s(
+        cl.link.mechanism)
+    return _Parts(catalog.model(cl.model), predictors, pricing, blocks,
+                  lambda env, _: KVLink(env, bandwidth_gb_s * 1e9, cl.link.latency_s),
+                  lambda n: pool_for(config, n), restore_time(config, predictors[1]))
+
+
 def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
              until: float | None = None, predictors: tuple | None = None, pricing=None,
              monitor_interval_s: float | None = None, progress: bool = False,
@@ -111,17 +148,10 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     elif trace is None and config.workload.trace is not None:
         trace = workload_trace(config)      # a trace file streams from memory
     cl = config.cluster
-    model = catalog.model(cl.model)
-    prefill_pred, decode_pred = predictors or (make_predictor(config, cl.prefill),
-                                               make_predictor(config, cl.decode))
-    prefill_blocks = kv_capacity_blocks(config, cl.prefill)
-    decode_blocks = kv_capacity_blocks(config, cl.decode)
-    try:
-        pricing = pricing or pricing_for(config)
-    except ValueError as exc:
-        raise ConfigError(f"cluster.link.mechanism: {exc}") from exc
-    bandwidth_gb_s = cl.link.bandwidth_gb_s or transfer_params(cl.profile).wire_gb_s(
-        cl.link.mechanism)
+    parts = _parts(config, predictors, pricing)
+    model, (prefill_pred, decode_pred), pricing = parts.model, parts.predictors, parts.pricing
+    prefill_blocks, decode_blocks = parts.blocks
+    measured = parts.measured
 
     wall = time.perf_counter()
     env = simpy.Environment()
@@ -131,18 +161,19 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         from sim.stream import open_ledger
 
         ledger = open_ledger(config, trace, stream, until, monitor_interval_s is not None)
-    # each decode node pulls through its own NIC (sim.link: nodes meet at a switch)
-    links = [KVLink(env, bandwidth_gb_s * 1e9, cl.link.latency_s)
-             for _ in range(cl.decode.num_instances)]
+    # each decode node pulls through its own NIC (sim.link: nodes meet at a switch); a
+    # measured profile's decode worker pulls one request at a time (sim.profile_dir)
+    links = [parts.make_link(env, ledger) for _ in range(cl.decode.num_instances)]
     decode_route = resolve("decode_routing", cl.decode_routing)
     decodes = [DecodeInstance(env, k, ledger, decode_pred, links[k],
-                              memory=pool_for(config, decode_blocks), pricing=pricing,
+                              memory=parts.make_pool(decode_blocks),
+                              pricing=pricing,
                               max_batch_size=cl.decode.max_batch_size,
                               host_slowdown=getattr(pricing, "host_slowdown", 1.0),
                               fast_forward=cl.fast_forward, admission=cl.decode.admission,
                               max_tokens=min(model.max_context,
                                              decode_blocks * cl.decode.block_size),
-                              restore_time=restore_time(config, decode_pred))
+                              restore_time=parts.restore_time)
                for k in range(cl.decode.num_instances)]
     counter = [0]
 
@@ -225,18 +256,25 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     slots = config.cluster.decode.num_instances * config.cluster.decode.max_batch_size
     occupancy = in_decode / slots
     summary.update(metrics.utilization(stats, float(env.now), occupancy))
-    summary.update(_power_and_cost(stats, summary, config))
+    summary.update(_power_and_cost(stats, summary, config,
+                                   measured.tables if measured is not None else None))
+    if measured is not None:
+        summary["profile"] = {"path": measured.profile.path,
+                              "complete": measured.profile.complete,
+                              "extrapolated": measured.extrapolation()}
     summary["config"] = provenance(config)      # every resolved value and where it came from
     return RunResult(config, records, summary, stats)
 
 
-def _power_and_cost(stats: dict, summary: dict, config: RunConfig) -> dict:
-    """Power and cost efficiency of the run under its profile (``sim.power``, ``sim.cost``)."""
+def _power_and_cost(stats: dict, summary: dict, config: RunConfig,
+                    tables: dict | None = None) -> dict:
+    """Power and cost efficiency of the run under its profile (``sim.power``, ``sim.cost``),
+    or under ``tables`` ([power], [price], [cost]) where given."""
     from sim.cost import run_cost
     from sim.power import run_energy
 
-    energy = run_energy(stats, summary, config)
-    cost = run_cost(stats, summary, config)
+    energy = run_energy(stats, summary, config, tables)
+    cost = run_cost(stats, summary, config, tables)
     return {"energy_j": energy["energy_j"], "average_power_w": energy["average_power_w"],
             "tokens_per_joule": energy["tokens_per_joule"],
             "tokens_per_s_per_dollar": cost["tokens_per_s_per_dollar"],

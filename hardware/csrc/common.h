@@ -24,6 +24,10 @@
   __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c,bmi,bmi2")))
 #endif
 
+// Inlined wherever called, also into a function compiled for a wider target, which then
+// compiles it for that target.
+#define HAWK_INLINE inline __attribute__((always_inline))
+
 namespace hawk {
 
 constexpr int TILE = 32, FACE = 16, GROUPS = 64;
@@ -35,19 +39,19 @@ constexpr int64_t GRAIN = 256;      // pages one thread takes at least
 enum Path : int64_t { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3 };
 
 // float32 bit pattern of a source element (bfloat16 and float16 widen exactly).
-inline uint32_t f32_bits(uint16_t bf16) { return uint32_t(bf16) << 16; }
-inline uint32_t f32_bits(c10::Half h) {
+HAWK_INLINE uint32_t f32_bits(uint16_t bf16) { return uint32_t(bf16) << 16; }
+HAWK_INLINE uint32_t f32_bits(c10::Half h) {
   float f = static_cast<float>(h);
   uint32_t b;
   std::memcpy(&b, &f, 4);
   return b;
 }
-inline uint32_t f32_bits(uint32_t f32) { return f32; }
+HAWK_INLINE uint32_t f32_bits(uint32_t f32) { return f32; }
 
 // Ask for tile row r of the page ``ahead`` (32 elements: one or two 64-byte lines), into
 // every cache level (LEVEL 3) or into L2 and below (LEVEL 2: sixteen pages ahead fill the L1).
 template <int LEVEL = 3, typename T>
-inline void prefetch_row(const T* layer, const int64_t* ahead, int r) {
+HAWK_INLINE void prefetch_row(const T* layer, const int64_t* ahead, int r) {
   if (ahead && ahead[r] >= 0) {
     __builtin_prefetch(layer + ahead[r], 0, LEVEL);
     if (sizeof(T) * TILE > 64) __builtin_prefetch(layer + ahead[r] + TILE - 1, 0, LEVEL);

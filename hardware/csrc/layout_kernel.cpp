@@ -6,9 +6,10 @@
 // in cache; their send rows (grouped by DRAM bank) are far apart, each written whole.
 //
 // Block floats take one of three paths, all giving the same bytes: AVX-512 (pack_avx512.h)
-// or AVX2 (pack_avx2.h) for bfloat16 caches, each compiled for its own target and chosen at
-// run time by asking the CPU, and the portable one (pack_portable.h; float16 and float32
-// caches always). The build itself is x86-64 baseline, so it runs on any such CPU.
+// or AVX2 (pack_avx2.h), each compiled for its own target and chosen at run time by asking
+// the CPU, or the portable one (pack_portable.h). The vector paths pack bfloat16 caches with
+// intrinsics, float16 and float32 ones with the portable code compiled for their target. The
+// build itself is x86-64 baseline, so it runs on any such CPU.
 //
 // sources [n, 32] (int64): element offset in the layer of each page's tile rows, or -1 for
 // tile padding (tokens past the request), which reads as zeros; send_rows [n]: the row of
@@ -97,13 +98,17 @@ int64_t best_path() {
 }
 
 // Block floats of MAG magnitude bits from a cache of T by ``path``: the vector paths pack
-// bfloat16 caches; float16 and float32 ones take the portable path whatever is asked.
+// bfloat16 caches with their own code, float16 and float32 ones with the portable code
+// compiled for their target.
 template <int MAG, typename T>
 Range block_float_range(int64_t path) {
 #if defined(HAWK_X86)
   if constexpr (std::is_same_v<T, uint16_t>) {
     if (path == AVX512) return pack_range_avx512<MAG>;
     if (path == AVX2) return pack_range_avx2<MAG>;
+  } else {
+    if (path == AVX512) return pack_range_wide_avx512<MAG, T>;
+    if (path == AVX2) return pack_range_wide_avx2<MAG, T>;
   }
 #endif
   return pack_range_portable<MAG, T>;

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "common.h"
+#include "pack_portable.h"
 
 #if defined(HAWK_X86)
 namespace hawk {
@@ -135,6 +136,14 @@ HAWK_TARGET_AVX2 void pack_range_avx2(const void* layer, const int64_t* rows,
     else pack_group_avx2<MAG, false>(src, rows + p * TILE, pages, count, ahead);
   }
   if (stream) _mm_sfence();               // the streamed stores, visible before returning
+}
+
+// Block floats from float16 or float32: the portable code, compiled for this target.
+template <int MAG, typename T>
+HAWK_TARGET_AVX2 void pack_range_wide_avx2(const void* layer, const int64_t* rows,
+                                           const int64_t* send_rows, uint8_t* out,
+                                           int64_t begin, int64_t end, int64_t stride) {
+  pack_pages_portable<MAG, T>(layer, rows, send_rows, out, begin, end, stride);
 }
 
 }  // namespace hawk

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common.h"
+#include "pack_portable.h"
 
 #if defined(HAWK_X86)
 namespace hawk {
@@ -171,6 +172,14 @@ HAWK_TARGET_AVX512 void pack_range_avx512(const void* layer, const int64_t* rows
     pack_pages_avx512<MAG, true>(src, rows, send_rows, out, begin, end, stride);
   else
     pack_pages_avx512<MAG, false>(src, rows, send_rows, out, begin, end, stride);
+}
+
+// Block floats from float16 or float32: the portable code, compiled for this target.
+template <int MAG, typename T>
+HAWK_TARGET_AVX512 void pack_range_wide_avx512(const void* layer, const int64_t* rows,
+                                               const int64_t* send_rows, uint8_t* out,
+                                               int64_t begin, int64_t end, int64_t stride) {
+  pack_pages_portable<MAG, T>(layer, rows, send_rows, out, begin, end, stride);
 }
 
 }  // namespace hawk

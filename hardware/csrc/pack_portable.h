@@ -15,7 +15,7 @@ namespace hawk {
 // significand is shifted right by E - exp (dropped bits are lost), rounded half to even to
 // MAG bits and saturated; negative zero and zero magnitudes give code 0.
 template <int MAG, typename T>
-inline uint8_t encode_group(const T* x, uint8_t* codes) {
+HAWK_INLINE uint8_t encode_group(const T* x, uint8_t* codes) {
   constexpr uint32_t drop = 24 - MAG, half = 1u << (drop - 1), lim = (1u << MAG) - 1;
   uint32_t bits[FACE], exp[FACE], code[FACE], shared = 0;
   for (int i = 0; i < FACE; ++i) {
@@ -43,7 +43,7 @@ inline uint8_t encode_group(const T* x, uint8_t* codes) {
 // has their max and compares), the maximum as a tree, the shift by k as three constant
 // shifts under masks, no branches and no stores that may alias the input.
 template <int MAG>
-inline uint8_t encode_group_bf16(const uint16_t* __restrict in, uint8_t* __restrict out) {
+HAWK_INLINE uint8_t encode_group_bf16(const uint16_t* __restrict in, uint8_t* __restrict out) {
   constexpr int drop = 15 - MAG, up = (1 << (drop - 1)) - 1, lim = (1 << MAG) - 1;
   int16_t x[FACE], exp[FACE], top[FACE / 2];
   uint8_t codes[FACE];
@@ -71,14 +71,14 @@ inline uint8_t encode_group_bf16(const uint16_t* __restrict in, uint8_t* __restr
 }
 
 template <int MAG, typename T>
-inline uint8_t encode_any(const T* x, uint8_t* codes) {
+HAWK_INLINE uint8_t encode_any(const T* x, uint8_t* codes) {
   if constexpr (std::is_same_v<T, uint16_t>) return encode_group_bf16<MAG>(x, codes);
   else return encode_group<MAG>(x, codes);
 }
 
 // One tile of block floats into ``page`` (64 exponent bytes, then the codes).
 template <int MAG, typename T>
-void pack_tile_portable(const T* layer, const int64_t* rows, uint8_t* page,
+HAWK_INLINE void pack_tile_portable(const T* layer, const int64_t* rows, uint8_t* page,
                         const int64_t* ahead) {
   static const T zeros[TILE] = {};
   uint8_t codes[FACE];
@@ -98,11 +98,23 @@ void pack_tile_portable(const T* layer, const int64_t* rows, uint8_t* page,
   }
 }
 
+// Pages [begin, end) in order, each asking for the tile rows of the page AHEAD on (see
+// each_page). HAWK_INLINE all the way down, so that the vector paths can compile this same
+// code for their own targets (float16 and float32 caches there).
+template <int MAG, typename T>
+HAWK_INLINE void pack_pages_portable(const void* layer, const int64_t* rows,
+                                     const int64_t* send_rows, uint8_t* out, int64_t begin,
+                                     int64_t end, int64_t stride) {
+  const T* src = static_cast<const T*>(layer);
+  for (int64_t p = begin; p < end; ++p)
+    pack_tile_portable<MAG, T>(src, rows + p * TILE, out + send_rows[p] * stride,
+                               p + AHEAD < end ? rows + (p + AHEAD) * TILE : nullptr);
+}
+
 template <int MAG, typename T>
 void pack_range_portable(const void* layer, const int64_t* rows, const int64_t* send_rows,
                          uint8_t* out, int64_t begin, int64_t end, int64_t stride) {
-  each_page(static_cast<const T*>(layer), rows, send_rows, out, begin, end, stride,
-            pack_tile_portable<MAG, T>);
+  pack_pages_portable<MAG, T>(layer, rows, send_rows, out, begin, end, stride);
 }
 
 }  // namespace hawk

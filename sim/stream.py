@@ -251,10 +251,10 @@ class StreamLedger:
             if self._tenant is not None:
                 cols["tenant"] = chunk.tenant
             self._emit(cols)
-        left = [name for name in ("status", "join_iteration", *INSTANTS)
-                if getattr(self, name)] + [name for name in ("arrival_at", "prompt", "reasons")
-                                           if getattr(self, name)]
-        assert not left, f"state left behind in {left}"
+        left = [name for name in ("arrival_at", "prompt", "output", "reasons", "status",
+                                  "prefill_instance", "decode_instance", "join_iteration",
+                                  "kv_bytes", "_ids", *INSTANTS) if getattr(self, name)]
+        assert not left, f"state left behind in {left}"   # written after its write-out
         self.writer.close()
 
     def summary(self) -> tuple[dict, dict | None]:

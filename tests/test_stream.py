@@ -245,3 +245,17 @@ def test_hawk_simulate_stream_writes_a_dataset_and_says_the_bound(tmp_path, caps
     # a later in-memory run into the same directory replaces the dataset with a file
     assert main(args + ["--no-stream", "--out", str(tmp_path / "streamed")]) == 0
     assert (tmp_path / "streamed" / "records.parquet").is_file()
+
+
+def test_a_request_read_after_its_write_out_is_an_error_not_a_reload():
+    from traces.chunks import trace_source
+
+    trace = bursty_customers(rate=0.5, duration_s=200, seed=3)
+    ledger = StreamLedger(trace_source(trace, chunk_size=4), RecordWriter(None))
+    ledger.judge(lambda prompt, output: np.zeros(len(prompt), dtype=np.int64))
+    assert ledger.arrival_at[0] == trace.arrival_at[0] and ledger.num_loaded == 4
+    ledger.finish(0, 1.0)
+    ledger.arrival_at[4], ledger.arrival_at[8]        # two loads later request 0 is written
+    assert 0 not in ledger.status and ledger.writer.num_rows == 0   # buffered in the writer
+    with pytest.raises(RuntimeError, match="position 0 was read after its record"):
+        ledger.prompt[0]

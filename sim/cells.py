@@ -45,8 +45,11 @@ from traces.trace import Trace
 
 #: the split rule, as the summary states it
 SPLIT_RULE = "cell = splitmix64(request_id) mod cells.count"
-#: rows per batch when merging cell files (per file in memory at once)
-MERGE_BATCH_ROWS = 32_768
+#: rows per batch when merging cell files (per file in memory at once), and per row group
+#: of a cell's records
+MERGE_BATCH_ROWS = 8_192
+#: rows per row group of the merged records
+ROW_GROUP_ROWS = 65_536
 
 
 class CellError(RuntimeError):
@@ -196,20 +199,23 @@ def cell_records(frame, job: CellJob) -> bytes:
     schema = records_schema("tenant" in frame.columns)
     table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
     sink = pa.BufferOutputStream()
-    pq.write_table(table.replace_schema_metadata(None), sink, compression="zstd")
+    # row groups of a merge batch: the merge decodes one row group per file at a time
+    pq.write_table(table.replace_schema_metadata(None), sink, compression="zstd",
+                   row_group_size=MERGE_BATCH_ROWS)
     return sink.getvalue().to_pybytes()
 
 
 def merge_records(paths: list[Path], out: Path, batch_rows: int = MERGE_BATCH_ROWS) -> int:
     """Merge record files, each sorted by request id, into ``out`` sorted by request id,
-    streaming (one batch per file in memory). Returns the number of rows."""
+    streaming: one row group per file decoded at a time, row groups of ``ROW_GROUP_ROWS``
+    written. Returns the number of rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files = [pq.ParquetFile(p) for p in paths]
+    files = [pq.ParquetFile(p, pre_buffer=False) for p in paths]   # not the whole file
     readers = [f.iter_batches(batch_size=batch_rows) for f in files]
     buffers = [_next_table(r) for r in readers]
-    rows = 0
+    pending, num_pending, rows = [], 0, 0
     with pq.ParquetWriter(out, files[0].schema_arrow, compression="zstd") as writer:
         while any(b is not None for b in buffers):
             live = [k for k, b in enumerate(buffers) if b is not None]
@@ -223,9 +229,13 @@ def merge_records(paths: list[Path], out: Path, batch_rows: int = MERGE_BATCH_RO
                 rest = buffers[k].slice(cut)
                 buffers[k] = rest if rest.num_rows else _next_table(readers[k])
             table = pa.concat_tables(parts)
-            table = table.take(np.argsort(table["request_id"].to_numpy(), kind="stable"))
-            writer.write_table(table)
-            rows += table.num_rows
+            pending.append(table.take(np.argsort(table["request_id"].to_numpy(),
+                                                 kind="stable")))
+            num_pending += table.num_rows
+            if num_pending >= ROW_GROUP_ROWS or all(b is None for b in buffers):
+                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                rows += num_pending
+                pending, num_pending = [], 0
     return rows
 
 

@@ -26,7 +26,7 @@ from traces import metrics
 from traces.schema import Status
 
 #: rows per batch read from the merged records
-READ_BATCH_ROWS = 262_144
+READ_BATCH_ROWS = 65_536
 _COUNT_COLUMNS = ("status", "arrival_at", "first_token_at", "finished_at",
                   "num_generated_tokens", "kv_bytes")
 
@@ -37,7 +37,8 @@ def _frames(path, columns, tenant: str | None = None):
     import pyarrow.parquet as pq
 
     names = list(columns) + (["tenant"] if tenant is not None else [])
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH_ROWS, columns=names):
+    file = pq.ParquetFile(path, pre_buffer=False)      # not the whole file at once
+    for batch in file.iter_batches(batch_size=READ_BATCH_ROWS, columns=names):
         if tenant is not None:
             batch = batch.filter(pc.equal(batch.column("tenant"), tenant))
         yield batch.to_pandas()
@@ -116,7 +117,7 @@ def tenants_of_file(path, ttft_slo_s: float, tpot_slo_s: float) -> dict | None:
 
     from traces.tenants import TENANT_KEYS
 
-    file = pq.ParquetFile(path)
+    file = pq.ParquetFile(path, pre_buffer=False)
     if "tenant" not in file.schema_arrow.names:
         return None
     names: set[str] = set()

@@ -35,17 +35,16 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 
 from hardware.mechanisms import MECHANISMS
-from hardware.serve.profile_files import FORMAT, KEYS, STATS, ProfileError, Table, prepare, \
-    ranges, write_header
+from hardware.serve.profile_files import KEYS, PREFILL_BLOCK_TOKENS, STATS, ProfileError, \
+    Table, header_for, prepare, ranges, write_header
 from hardware.serve.profile_measure import Serving
 
 DEFAULT_REPEATS, QUICK_REPEATS = 15, 3
-PREFILL_BLOCK_TOKENS = 16          # the prefill worker's paged cache (PrefillEngine's default)
+
 
 @dataclass(frozen=True)
 class Sweep:
@@ -65,7 +64,8 @@ class Sweep:
         for name in ("prefill_num_seqs", "prefill_tokens", "decode_batches", "decode_contexts",
                      "transfer_tokens"):
             v = tuple(getattr(self, name))
-            if not v or any(not isinstance(x, int) or x < 1 for x in v) or list(v) != sorted(set(v)):
+            if not v or any(not isinstance(x, int) or x < 1 for x in v) \
+                    or list(v) != sorted(set(v)):
                 raise ProfileError(f"sweep {name} {v!r}: need increasing whole numbers >= 1")
             object.__setattr__(self, name, v)
         bad = [m for m in self.mechanisms if m not in MECHANISMS]
@@ -106,64 +106,7 @@ def _upto(points, limit: int) -> tuple[int, ...]:
     return tuple(sorted({int(p) for p in points if 1 <= p < limit} | {int(limit)}))
 
 
-def machine(device: str, threads: int) -> dict:
-    import platform
-
-    import torch
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = os.cpu_count() or 1
-    return {"description": f"{cpu}, {cores} cores; {threads} torch thread(s) per worker, "
-                           f"prefill on {device}, decode on cpu",
-            "cpu": cpu, "cores": cores, "threads": threads, "torch": torch.__version__,
-            "device": device, "decode_device": "cpu",
-            "stands_for_prefill": "a100-pcie", "stands_for_decode": "p150a"}
-
-
-def model_section(config, dtype: str, seed: int | None, source: str | None) -> dict:
-    return {"num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-            "num_heads": config.num_attention_heads, "num_kv_heads": config.num_key_value_heads,
-            "head_dim": config.head_dim, "intermediate_size": config.intermediate_size,
-            "vocab_size": config.vocab_size, "max_context": config.max_position_embeddings,
-            "dtype": dtype, "seed": seed, "source": source}
-
-
-def decode_block_tokens(sweep: Sweep) -> int:
-    """Tokens per block of the decode cache measured: TT blocks of 32 tokens (GN), else
-    paged blocks as the prefill side's."""
-    from hardware.serve.kv_path import TILED
-    return 32 if sweep.decode_mechanism() in TILED else PREFILL_BLOCK_TOKENS
-
-
-def header_for(model_dir_source, seed, device, sweep: Sweep, serving: Serving, config,
-               kv_bytes_per_token: int) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        hawk_version = version("hawk-sim")
-    except PackageNotFoundError:
-        hawk_version = "unknown"
-    return {
-        "meta": {"format": FORMAT, "created": datetime.now(timezone.utc).isoformat(
-            timespec="seconds"), "hawk_version": hawk_version, "complete": False},
-        "machine": machine(device, serving.threads),
-        "model": model_section(config, "float32", None if model_dir_source else seed,
-                               str(model_dir_source) if model_dir_source else None),
-        "serving": {**asdict(serving), "kv_block_tokens": decode_block_tokens(sweep),
-                    "prefill_block_tokens": PREFILL_BLOCK_TOKENS,
-                    "decode_mechanism": sweep.decode_mechanism(),
-                    "mechanisms": list(sweep.mechanisms),
-                    "kv_bytes_per_token": kv_bytes_per_token},
-        "sweep": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(sweep).items()},
-    }
-
-
-def main_table(tables: dict[str, Table], serving: Serving, max_tokens: int,
+def summary_table(tables: dict[str, Table], serving: Serving, max_tokens: int,
                kv_per_token: int) -> str:
     """A few rows of each table and where the profile extrapolates."""
     lines = ["prefill, one sequence:  " + "  ".join(
@@ -234,6 +177,10 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
     device = prefill_device(device)
     header = header_for(model_dir, seed, device, sweep, serving, config, kv_per_token)
     prepare(out, header, force)
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if progress and load > cores / 2:
+        print(f"real profile: load average {load:.1f} on {cores} cores; other processes "
+              f"compete with the measurements", file=sys.stderr)
     _ensure_model(out, header, model_dir, seed, config)
     tables = {name: Table(out / f"{name}.csv", KEYS[name] + STATS) for name in KEYS}
     threads = torch.get_num_threads()
@@ -245,7 +192,7 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
         torch.set_num_threads(threads)
     write_header(out, header, tables, complete=True)
     return {"tables": tables, "num_measured": measured,
-            "summary": main_table(tables, serving, max_tokens, kv_per_token)}
+            "summary": summary_table(tables, serving, max_tokens, kv_per_token)}
 
 
 def _ensure_model(out: Path, header: dict, model_dir, seed: int, config) -> None:
@@ -272,14 +219,12 @@ def _ensure_model(out: Path, header: dict, model_dir, seed: int, config) -> None
 
 def _measure(out: Path, tables: dict, sweep: Sweep, serving: Serving, device: str,
              kv_per_token: int, seed: int, progress: bool, on_point) -> int:
-    import numpy as np
-
     from hardware.model.llama import LlamaModel
     from hardware.serve import profile_measure as pm
-    from hardware.serve.engines import PrefillEngine
 
     done = {name: t.keys(KEYS[name][:2]) for name, t in tables.items()}
-    todo_p = [(n, t) for n, t in sweep.prefill_points(serving) if (n * t, n) not in done["prefill"]]
+    todo_p = [(n, t) for n, t in sweep.prefill_points(serving)
+              if (n * t, n) not in done["prefill"]]
     todo_d = [(b, c) for b in sweep.decode_batches for c in sweep.decode_contexts
               if (b, c) not in done["decode"]]
     todo_t = [(m, t) for m in sweep.mechanisms for t in sweep.transfer_tokens
@@ -302,27 +247,12 @@ def _measure(out: Path, tables: dict, sweep: Sweep, serving: Serving, device: st
     try:
         if todo_p:
             pmodel = model if device == "cpu" else LlamaModel.load(out / "model", device=device)
-            blocks = max(n * -(-t // 16) for n, t in todo_p)
-            engine = PrefillEngine(pmodel, max(serving.prefill_num_blocks, blocks),
-                                   serving.prefill_max_batch_tokens,
-                                   serving.prefill_max_batch_size)
-            rng = np.random.default_rng(seed)
-            for n, t in todo_p:
-                record("prefill", {"batch_tokens": n * t, "num_seqs": n},
-                       pm.prefill_times(engine, rng, n, t, r))
+            _prefills(pmodel, todo_p, serving, seed, r, record)
         if todo_d or todo_t:
             from hardware.transport import make_transport
-            os.environ.setdefault("GLOG_minloglevel", "2")
             transport = make_transport("mooncake", host="127.0.0.1")
         if todo_d:
-            need = max(b for b, _ in todo_d) * (-(-max(c for _, c in todo_d) // 32) * 32)
-            engine = pm.decode_engine(model, sweep.decode_mechanism(), transport, serving, need)
-            try:
-                for b, c in todo_d:
-                    record("decode", {"batch": b, "context_per_request": c,
-                                      "total_context": b * c}, pm.decode_times(engine, b, c, r))
-            finally:
-                engine.sink.close()
+            _decodes(model, todo_d, sweep.decode_mechanism(), transport, serving, r, record)
         if todo_t:
             _transfers(out, todo_t, transport, model, serving, device, kv_per_token, r, record)
     finally:
@@ -330,6 +260,38 @@ def _measure(out: Path, tables: dict, sweep: Sweep, serving: Serving, device: st
         if transport is not None:
             transport.close()
     return total
+
+
+def _prefills(model, todo, serving: Serving, seed: int, repeats: int, record) -> None:
+    import numpy as np
+
+    from hardware.kv_layout import blocks_for
+    from hardware.serve import profile_measure as pm
+    from hardware.serve.engines import PrefillEngine
+
+    blocks = max(n * blocks_for(t, PREFILL_BLOCK_TOKENS) for n, t in todo)
+    engine = PrefillEngine(model, max(serving.prefill_num_blocks, blocks),
+                           serving.prefill_max_batch_tokens, serving.prefill_max_batch_size,
+                           PREFILL_BLOCK_TOKENS)
+    rng = np.random.default_rng(seed)
+    for n, t in todo:
+        record("prefill", {"batch_tokens": n * t, "num_seqs": n},
+               pm.prefill_times(engine, rng, n, t, repeats))
+
+
+def _decodes(model, todo, mechanism: str, transport, serving: Serving, repeats: int,
+             record) -> None:
+    from hardware.serve import profile_measure as pm
+
+    longest = -(-max(c for _, c in todo) // 32) * 32           # whole blocks of either cache
+    engine = pm.decode_engine(model, mechanism, transport, serving,
+                              max(b for b, _ in todo) * longest)
+    try:
+        for b, c in todo:
+            record("decode", {"batch": b, "context_per_request": c, "total_context": b * c},
+                   pm.decode_times(engine, b, c, repeats))
+    finally:
+        engine.sink.close()
 
 
 def _transfers(out, todo, transport, model, serving, device, kv_per_token, repeats,

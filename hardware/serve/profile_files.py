@@ -1,14 +1,21 @@
-"""The profile directory of ``hawk real profile`` on disk: ``profile.toml`` written and read
-back, the three CSV tables appended a row at a time, and the check that a rerun into a
-directory resumes the same profile rather than mixing two (``hardware.serve.profile`` describes
-the format).
+"""The profile directory of ``hawk real profile`` on disk: what ``profile.toml`` says (machine,
+model, serving, sweep, ranges) written and read back, the three CSV tables appended a row at a
+time, and the check that a rerun into a directory resumes the same profile rather than mixing
+two (``hardware.serve.profile`` describes the format).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hardware.serve.profile import Sweep
+    from hardware.serve.profile_measure import Serving
 
 FORMAT = 1
 KEYS = {"prefill": ("batch_tokens", "num_seqs"),
@@ -16,6 +23,9 @@ KEYS = {"prefill": ("batch_tokens", "num_seqs"),
         "transfer": ("mechanism", "bytes")}
 STATS = ("seconds_p50", "seconds_p10", "seconds_p90", "repeats")
 COMPARED_MACHINE = ("cpu", "cores", "threads", "torch", "device")
+PREFILL_BLOCK_TOKENS = 16          # the prefill worker's paged cache (PrefillEngine's default)
+# the catalog devices a worker stands for (as hawk real run's power estimate prices them)
+STANDS_FOR = {"prefill": "a100-pcie", "decode": "p150a"}
 
 
 class ProfileError(Exception):
@@ -162,3 +172,64 @@ def write_header(out: Path, header: dict, tables: dict[str, Table] | None = None
     tmp.replace(out / "profile.toml")
 
 
+def machine(device: str, threads: int) -> dict:
+    """[machine]: the CPU and the prefill device the workers run on, and what they stand for."""
+    import platform
+
+    import torch
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = os.cpu_count() or 1
+    where = torch.cuda.get_device_name(device) if device.startswith("cuda") else "the CPU"
+    return {"description": f"{cpu}, {cores} cores; {threads} torch thread(s) per worker, "
+                           f"prefill on {where} ({device}), decode on the CPU",
+            "cpu": cpu, "cores": cores, "threads": threads, "torch": torch.__version__,
+            "device": device, "decode_device": "cpu",
+            "stands_for_prefill": STANDS_FOR["prefill"],
+            "stands_for_decode": STANDS_FOR["decode"]}
+
+
+def model_section(config, dtype: str, seed: int | None, source: str | None) -> dict:
+    """[model]: a ``LlamaConfig``'s sizes under the contract's names (None: key left out)."""
+    return {"num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+            "num_heads": config.num_attention_heads, "num_kv_heads": config.num_key_value_heads,
+            "head_dim": config.head_dim, "intermediate_size": config.intermediate_size,
+            "vocab_size": config.vocab_size, "max_context": config.max_position_embeddings,
+            "dtype": dtype, "seed": seed, "source": source}
+
+
+def decode_block_tokens(sweep: Sweep) -> int:
+    """Tokens per block of the decode cache measured: TT blocks of 32 tokens (GN), else
+    paged blocks as the prefill side's."""
+    from hardware.serve.kv_path import TILED
+    return 32 if sweep.decode_mechanism() in TILED else PREFILL_BLOCK_TOKENS
+
+
+def header_for(model_dir_source, seed, device, sweep: Sweep, serving: Serving, config,
+               kv_bytes_per_token: int) -> dict:
+    """profile.toml's tables before the measurement ([ranges] is added at the end)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        hawk_version = version("hawk-sim")
+    except PackageNotFoundError:
+        hawk_version = "unknown"
+    return {
+        "meta": {"format": FORMAT, "created": datetime.now(timezone.utc).isoformat(
+            timespec="seconds"), "hawk_version": hawk_version, "complete": False},
+        "machine": machine(device, serving.threads),
+        "model": model_section(config, "float32", None if model_dir_source else seed,
+                               str(Path(model_dir_source).resolve()) if model_dir_source
+                               else None),
+        "serving": {**asdict(serving), "kv_block_tokens": decode_block_tokens(sweep),
+                    "prefill_block_tokens": PREFILL_BLOCK_TOKENS,
+                    "decode_mechanism": sweep.decode_mechanism(),
+                    "mechanisms": list(sweep.mechanisms),
+                    "kv_bytes_per_token": kv_bytes_per_token},
+        "sweep": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(sweep).items()},
+    }

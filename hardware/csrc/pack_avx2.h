@@ -12,36 +12,38 @@
 #if defined(HAWK_X86)
 namespace hawk {
 
-// The largest of the 16 unsigned 16-bit lanes, in every lane.
-HAWK_TARGET_AVX2 inline __m256i max_lanes(__m256i v) {
-  const __m256i swap = _mm256_setr_epi8(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13,
-                                        2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  v = _mm256_max_epu16(v, _mm256_permute2x128_si256(v, v, 1));
-  v = _mm256_max_epu16(v, _mm256_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
-  v = _mm256_max_epu16(v, _mm256_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm256_max_epu16(v, _mm256_shuffle_epi8(v, swap));
+// The shared exponents of the two groups of one tile row (``exp_a``, ``exp_b``: their biased
+// exponents in 16-bit lanes), each in the low byte of every lane of ``shared_a`` /
+// ``shared_b``; one reduction for both, in bytes, with shifts inside 64-bit lanes where it can.
+HAWK_TARGET_AVX2 inline void max_exponents_avx2(__m256i exp_a, __m256i exp_b, __m256i& shared_a,
+                                                __m256i& shared_b) {
+  __m256i v = _mm256_packus_epi16(exp_a, exp_b);   // 128-bit lane L: a's 8L.., b's 8L.. (bytes)
+  v = _mm256_max_epu8(v, _mm256_permute2x128_si256(v, v, 1));   // qword 0: a's, qword 1: b's
+  v = _mm256_max_epu8(v, _mm256_srli_epi64(v, 32));
+  v = _mm256_max_epu8(v, _mm256_srli_epi64(v, 16));
+  v = _mm256_max_epu8(v, _mm256_srli_epi64(v, 8));              // byte 0: a's E, byte 8: b's
+  shared_a = _mm256_shuffle_epi8(v, _mm256_set1_epi16(int16_t(0x8000)));   // (E, 0) words
+  shared_b = _mm256_shuffle_epi8(v, _mm256_set1_epi16(int16_t(0x8008)));
 }
 
-// One group of 16 bfloat16 values -> 16 codes (16-bit lanes) and its shared exponent E
-// (``shared``: E << 8 in every lane), the 16-bit recipe of encode_group_bf16 without a
-// variable shift (AVX2 has none for 16-bit lanes): a = Y >> 1 >> k is the high half of
-// Y * 2^(15 - k) (mulhi), whose high byte 0x80 >> k a byte shuffle looks up by k, giving 0
-// for k >= 8 and where exp is 0. Exponents sit in the high byte, so k does too.
+// One group of 16 bfloat16 values (``exp``: their biased exponents, ``shared``: the group's
+// E, both in 16-bit lanes) -> 16 codes in 16-bit lanes, the 16-bit recipe of
+// encode_group_bf16 without a variable shift (AVX2 has none for 16-bit lanes):
+// a = Y >> 1 >> k = (1.mmmmmmm as 8 bits) * 2^(7 - k), the power looked up by k with a byte
+// shuffle (k + 0x70, saturated, indexes 2^(7 - k) for k <= 7 and 0 above), and the
+// significand zeroed where exp is 0 (sign_epi16 by exp).
 template <int MAG>
-HAWK_TARGET_AVX2 inline __m256i encode_group_avx2(__m256i x, __m256i& shared) {
+HAWK_TARGET_AVX2 inline __m256i encode_group_avx2(__m256i x, __m256i exp, __m256i shared) {
   constexpr int drop = 15 - MAG;
   const __m256i powers = _mm256_setr_epi8(-128, 64, 32, 16, 8, 4, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0,
                                           -128, 64, 32, 16, 8, 4, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m256i exp = _mm256_and_si256(_mm256_slli_epi16(x, 1), _mm256_set1_epi16(-256));
-  shared = max_lanes(exp);
   const __m256i k = _mm256_sub_epi16(shared, exp);
-  // shuffle index: high byte min(k, 8), low byte 0x80 (writes 0); all ones where exp is 0
-  const __m256i index = _mm256_or_si256(
-      _mm256_or_si256(_mm256_min_epu16(k, _mm256_set1_epi16(0x0800)), _mm256_set1_epi16(0x80)),
-      _mm256_cmpeq_epi16(exp, _mm256_setzero_si256()));
-  const __m256i scale = _mm256_shuffle_epi8(powers, index);              // 2^(15 - k) or 0
-  const __m256i y = _mm256_or_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16(-32768));
-  const __m256i a = _mm256_mulhi_epu16(y, scale);
+  const __m256i index = _mm256_adds_epu8(k, _mm256_set1_epi16(int16_t(0x8070)));
+  const __m256i scale = _mm256_shuffle_epi8(powers, index);               // 2^(7 - k) or 0
+  const __m256i y = _mm256_sign_epi16(
+      _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x80)),
+      exp);
+  const __m256i a = _mm256_mullo_epi16(y, scale);
   // half to even: add half - 1, and 1 more where the bit kept last is odd; then saturate
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(a, drop), _mm256_set1_epi16(1));
   const __m256i sum = _mm256_add_epi16(_mm256_add_epi16(a, odd),
@@ -77,12 +79,17 @@ HAWK_TARGET_AVX2 inline void pack_rows_avx2(const uint16_t* layer, const int64_t
     for (int s = 0; s < STEP; ++s) {
       prefetch_row<2>(layer, ahead, r0 + i + s);
       const int64_t src = rows[r0 + i + s];
-      const uint16_t* x = src < 0 ? zeros : layer + src;
+      const auto* x = reinterpret_cast<const __m256i*>(src < 0 ? zeros : layer + src);
+      __m256i v[2], exp[2], shared[2];
       for (int fc = 0; fc < 2; ++fc) {
-        __m256i e;
-        c[fc][s] = encode_group_avx2<MAG>(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + fc * FACE)), e);
-        exps[g + fc * FACE + i + s] = uint8_t(_mm256_extract_epi16(e, 0) >> 8);
+        v[fc] = _mm256_loadu_si256(x + fc);
+        exp[fc] = _mm256_and_si256(_mm256_srli_epi16(v[fc], 7), _mm256_set1_epi16(0xFF));
+      }
+      max_exponents_avx2(exp[0], exp[1], shared[0], shared[1]);
+      for (int fc = 0; fc < 2; ++fc) {
+        c[fc][s] = encode_group_avx2<MAG>(v[fc], exp[fc], shared[fc]);
+        exps[g + fc * FACE + i + s] =
+            uint8_t(_mm_cvtsi128_si32(_mm256_castsi256_si128(shared[fc])));
       }
     }
     for (int fc = 0; fc < 2; ++fc) {

@@ -170,6 +170,8 @@ def test_sweep_is_validated():
     assert full.prefill_tokens[0] == 1 and full.prefill_tokens[-1] == 512
     assert full.decode_batches[-1] == serving.decode_max_batch == 32
     assert max(n * t for n, t in full.prefill_points(serving)) == serving.prefill_max_batch_tokens
+    quick = profile.Sweep.for_limits(512, serving, quick=True)
+    assert quick.decode_contexts == (1, 128, 512) and quick.decode_batches == (1, 8, 32)
 
 
 def test_half_written_row_is_dropped_and_force_clears(tmp_path):

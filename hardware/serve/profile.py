@@ -82,7 +82,7 @@ class Sweep:
         """Axes up to ``max_tokens`` per request and the workers' batch limits."""
         b = serving.decode_max_batch
         if quick:
-            tokens = _upto((16, 128), max_tokens)
+            tokens = _upto((1, 128), max_tokens)
             return cls((1, 4), tokens, _upto((1, 8), b), tokens, tokens, tuple(mechanisms),
                        repeats or QUICK_REPEATS)
         tokens = _upto([1] + [16 << k for k in range(20)] + [3 * max_tokens // 4], max_tokens)

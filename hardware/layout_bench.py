@@ -59,21 +59,28 @@ def write_counts(req: RequestTransfer, tp: int) -> dict:
     return rows
 
 
-def _timed(fns: dict, device: str, repeats: int) -> dict:
+def _timed(fns: dict, device: str, repeats: int, cpu: dict | None = None) -> dict:
     """Median wall time of each function in ``fns``: one warm-up call each, then ``repeats``
-    rounds calling them in turn, so that all of them see the same machine load."""
+    rounds calling them in turn, so that all of them see the same machine load. ``cpu``, if
+    given, receives each one's median CPU time of the process (all its threads): on one
+    thread, the time it kept a core busy, which a loaded machine stretches far less than the
+    wall time."""
     import torch
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times = {name: [] for name in fns}
+    busy = {name: [] for name in fns}
     for fn in fns.values():
         fn()
     sync()
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
             sync()
             times[name].append(time.perf_counter() - start)
+            busy[name].append(time.process_time() - start_cpu)
+    if cpu is not None:
+        cpu.update({name: float(np.median(t)) for name, t in busy.items()})
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
@@ -97,7 +104,9 @@ def throughput(tokens: int, tp: int, dram: str, dtype: str, num_layers: int, dev
     of every timed layer, K and V) once from one buffer to another with ``Tensor.copy_``.
     ``path`` says what ran: the fused C++ kernel (built before timing starts; ``kernel_path``:
     the block-float path, or "copy") or eager torch; with the kernel, the eager path is timed
-    too (``eager_s``, ``eager_ratio``). All are timed in turn in every round.
+    too (``eager_s``, ``eager_ratio``). All are timed in turn in every round. ``ratio`` is of
+    wall times; ``cpu_ratio`` of the process's CPU times, the steadier figure on a loaded
+    machine with one thread (with more it compares the work done, not the speed).
     """
     import torch
     from hardware import layout_kernel, transform
@@ -122,7 +131,8 @@ def throughput(tokens: int, tp: int, dram: str, dtype: str, num_layers: int, dev
         fns[f"transform {path}"] = _forced(run(kernel), path)
     if kernel:
         fns["eager"] = run(False)
-    t = _timed(fns, device, repeats)
+    busy = {}
+    t = _timed(fns, device, repeats, busy)
     rows = []
     for path in paths:
         took = t[f"transform {path}"]
@@ -133,7 +143,8 @@ def throughput(tokens: int, tp: int, dram: str, dtype: str, num_layers: int, dev
                    if kernel else None,
                    prepare_s=prepare_s, transform_s=took, copy_s=t["copy"],
                    transform_gbps=nbytes / took / 1e9, copy_gbps=nbytes / t["copy"] / 1e9,
-                   ratio=t["copy"] / took)
+                   ratio=t["copy"] / took,
+                   cpu_ratio=busy["copy"] / max(busy[f"transform {path}"], 1e-9))
         if kernel:
             row.update(build_s=layout_kernel.build_seconds(), eager_s=t["eager"],
                        eager_ratio=t["copy"] / t["eager"])
@@ -174,20 +185,19 @@ def run(tokens: int = 4096, device: str = "cpu", repeats: int = 5, tp: int = 4,
     if any(n is not None and n < 1 for n in counts):
         raise ValueError(f"threads {counts}: each must be at least 1")
     before = torch.get_num_threads()
-    rows = []
+    rows, used = [], []
     try:
         for n in counts:
             if n is not None:
                 torch.set_num_threads(n)
+            used.append(torch.get_num_threads())
             for d in dtypes:
                 rows += throughput(tokens, tp, dram, d, bench_layers, device, repeats, paths)
-        used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
     req = make_transfer(tokens, tp, dram, "bfloat8_b", LLAMA_70B["num_layers"])
     return dict(tokens=tokens, tp=tp, dram=dram, device=device,
-                threads=used if len(counts) == 1 else [r["threads"] for r in rows[::len(rows)
-                                                                          // len(counts)]],
+                threads=used[0] if len(used) == 1 else used,
                 kv_heads_per_chip=req.gpu.num_kv_heads, write_counts=write_counts(req, tp),
                 throughput=rows, scaling=scaling(rows))
 
@@ -213,7 +223,8 @@ def format_table(result: dict) -> str:
         how = t["path"] + (f", {t['kernel_path']}" if t["kernel_path"] else "")
         lines.append(f"  {t['dtype']:10s} {t['layers']} layers {t['bytes_in'] / 2**20:7.1f} MiB: "
                      f"transform {t['transform_gbps']:6.2f} GB/s, copy {t['copy_gbps']:6.2f} "
-                     f"GB/s, ratio {t['ratio']:.3f} ({how}; index build "
+                     f"GB/s, ratio {t['ratio']:.3f} (of CPU time {t['cpu_ratio']:.3f}; "
+                     f"{how}; index build "
                      f"{t['prepare_s'] * 1e3:.1f} ms)")
         if "eager_ratio" in t:
             lines.append(f"  {'':10s} eager torch path: ratio {t['eager_ratio']:.3f} (kernel "

@@ -252,9 +252,9 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
              goals: val.Goals = val.Goals(), out: Path | None = None, progress: bool = False,
              simulate_fn=None, real_fn=None, say=lambda text: None) -> tuple[dict, dict]:
     """Both sides at each load: the result ``hawk validate --json`` prints, and per load name
-    the (real, simulated) records. ``simulate_fn`` /
-    ``real_fn`` replace the two sides (tests): ``(trace, ttft_slo, tpot_slo) -> records``,
-    ``(trace, ttft_slo, tpot_slo, out_dir) -> records``."""
+    the (real, simulated) records. ``simulate_fn`` / ``real_fn`` replace the two sides
+    (tests): ``(trace, ttft_slo, tpot_slo) -> records``, ``(trace, ttft_slo, tpot_slo,
+    out_dir) -> records``."""
     from traces.schema import write_records
 
     doc = read_profile(profile)
@@ -324,8 +324,8 @@ def cmd_validate(args) -> int:
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr))
     slos = None if args.ttft_slo is None else (args.ttft_slo, args.tpot_slo)
     try:
-        result, frames = validate(args.profile, requests, rates, mechanism=args.mechanism, slos=slos,
-                          out=args.out, progress=not args.json, say=say)
+        result, frames = validate(args.profile, requests, rates, mechanism=args.mechanism,
+                                  slos=slos, out=args.out, progress=not args.json, say=say)
     except ClusterError as e:
         print(f"hawk validate: the real mode did not start: {e}", file=sys.stderr)
         return 1

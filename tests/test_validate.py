@@ -236,7 +236,8 @@ def test_validate_finds_the_knee_runs_both_sides_and_writes_the_paired_records(t
         return slo_attainment(single_server(requests.at(rate), 0.1), 0.5, 0.05)
     assert attained(knee) >= 0.9 > attained(1.01 * knee)  # the highest rate meeting 90%
     assert [(d["name"], d["rate"]) for d in result["loads"]] == [
-        ("light", pytest.approx(vr.LIGHT_SHARE * knee)), ("knee", pytest.approx(vr.KNEE_SHARE * knee))]
+        ("light", pytest.approx(vr.LIGHT_SHARE * knee)),
+        ("knee", pytest.approx(vr.KNEE_SHARE * knee))]
     # both sides got the same requests: lengths scaled once, arrivals at the load's rate
     for trace, load in zip(served, result["loads"]):
         assert np.array_equal(trace.num_prompt_tokens, requests.trace.num_prompt_tokens)

@@ -27,13 +27,13 @@ HAWK_TARGET_AVX2 inline void max_exponents_avx2(__m256i exp_a, __m256i exp_b, __
 }
 
 // One group of 16 bfloat16 values (``exp``: their biased exponents, ``shared``: the group's
-// E, both in 16-bit lanes) -> 16 codes in 16-bit lanes, the 16-bit recipe of
-// encode_group_bf16 without a variable shift (AVX2 has none for 16-bit lanes):
-// a = Y >> 1 >> k = (1.mmmmmmm as 8 bits) * 2^(7 - k), the power looked up by k with a byte
-// shuffle (k + 0x70, saturated, indexes 2^(7 - k) for k <= 7 and 0 above), and the
-// significand zeroed where exp is 0 (sign_epi16 by exp).
+// E, both in 16-bit lanes) -> 16 code magnitudes in 16-bit lanes, not yet saturated (at
+// most 2^MAG), the 16-bit recipe of encode_group_bf16 without a variable shift (AVX2 has
+// none for 16-bit lanes): a = Y >> 1 >> k = (1.mmmmmmm as 8 bits) * 2^(7 - k), the power
+// looked up by k with a byte shuffle (k + 0x70, saturated, indexes 2^(7 - k) for k <= 7 and
+// 0 above), and the significand zeroed where exp is 0 (sign_epi16 by exp).
 template <int MAG>
-HAWK_TARGET_AVX2 inline __m256i encode_group_avx2(__m256i x, __m256i exp, __m256i shared) {
+HAWK_TARGET_AVX2 inline __m256i magnitudes_avx2(__m256i x, __m256i exp, __m256i shared) {
   constexpr int drop = 15 - MAG;
   const __m256i powers = _mm256_setr_epi8(-128, 64, 32, 16, 8, 4, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0,
                                           -128, 64, 32, 16, 8, 4, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -44,16 +44,24 @@ HAWK_TARGET_AVX2 inline __m256i encode_group_avx2(__m256i x, __m256i exp, __m256
       _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x80)),
       exp);
   const __m256i a = _mm256_mullo_epi16(y, scale);
-  // half to even: add half - 1, and 1 more where the bit kept last is odd; then saturate
+  // half to even: add half - 1, and 1 more where the bit kept last is odd
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(a, drop), _mm256_set1_epi16(1));
-  const __m256i sum = _mm256_add_epi16(_mm256_add_epi16(a, odd),
-                                       _mm256_set1_epi16((1 << (drop - 1)) - 1));
-  const __m256i q = _mm256_min_epu16(_mm256_srli_epi16(sum, drop),
-                                     _mm256_set1_epi16((1 << MAG) - 1));
-  // the sign bit where x is negative and q is not 0 (sign_epi16 zeroes it where q is 0)
-  const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(x, 15 - MAG),
-                                        _mm256_set1_epi16(1 << MAG));
-  return _mm256_or_si256(q, _mm256_sign_epi16(sign, q));
+  return _mm256_srli_epi16(_mm256_add_epi16(_mm256_add_epi16(a, odd),
+                                            _mm256_set1_epi16((1 << (drop - 1)) - 1)),
+                           drop);
+}
+
+// Two groups' magnitudes (``qa``, ``qb``) and values (``xa``, ``xb``) -> their 32 one-byte
+// codes, as packus_epi16 orders them: saturated to 2^MAG - 1, with the sign bit (the values'
+// signs, by packs_epi16, which keeps them) where x is negative and the code is not 0.
+template <int MAG>
+HAWK_TARGET_AVX2 inline __m256i codes_avx2(__m256i qa, __m256i qb, __m256i xa, __m256i xb) {
+  const __m256i q = _mm256_min_epu8(_mm256_packus_epi16(qa, qb),
+                                    _mm256_set1_epi8((1 << MAG) - 1));
+  __m256i sign = _mm256_packs_epi16(xa, xb);                  // negative: bit 7 set
+  if constexpr (MAG == 3) sign = _mm256_srli_epi16(sign, 4);  // bit 7 -> bit 3 of each byte
+  sign = _mm256_and_si256(sign, _mm256_set1_epi8(1 << MAG));
+  return _mm256_or_si256(q, _mm256_sign_epi8(sign, q));       // sign_epi8: 0 where q is 0
 }
 
 template <bool STREAM>
@@ -75,34 +83,34 @@ HAWK_TARGET_AVX2 inline void pack_rows_avx2(const uint16_t* layer, const int64_t
   static const uint16_t zeros[TILE] = {};
   const int g = (r0 / FACE) * 2 * FACE + r0 % FACE;        // face 2h; face 2h + 1 is 16 on
   for (int i = 0; i < 8; i += STEP) {
-    __m256i c[2][STEP];
+    __m256i q[2][STEP], x[2][STEP];
     for (int s = 0; s < STEP; ++s) {
       prefetch_row<2>(layer, ahead, r0 + i + s);
       const int64_t src = rows[r0 + i + s];
-      const auto* x = reinterpret_cast<const __m256i*>(src < 0 ? zeros : layer + src);
-      __m256i v[2], exp[2], shared[2];
+      const auto* row = reinterpret_cast<const __m256i*>(src < 0 ? zeros : layer + src);
+      __m256i exp[2], shared[2];
       for (int fc = 0; fc < 2; ++fc) {
-        v[fc] = _mm256_loadu_si256(x + fc);
-        exp[fc] = _mm256_and_si256(_mm256_srli_epi16(v[fc], 7), _mm256_set1_epi16(0xFF));
+        x[fc][s] = _mm256_loadu_si256(row + fc);
+        exp[fc] = _mm256_and_si256(_mm256_srli_epi16(x[fc][s], 7), _mm256_set1_epi16(0xFF));
       }
       max_exponents_avx2(exp[0], exp[1], shared[0], shared[1]);
       for (int fc = 0; fc < 2; ++fc) {
-        c[fc][s] = encode_group_avx2<MAG>(v[fc], exp[fc], shared[fc]);
+        q[fc][s] = magnitudes_avx2<MAG>(x[fc][s], exp[fc], shared[fc]);
         exps[g + fc * FACE + i + s] =
             uint8_t(_mm_cvtsi128_si32(_mm256_castsi256_si128(shared[fc])));
       }
     }
     for (int fc = 0; fc < 2; ++fc) {
       uint8_t* to = page + GROUPS + (g + fc * FACE + i) * GROUP_BYTES;
+      const __m256i ab = codes_avx2<MAG>(q[fc][0], q[fc][1], x[fc][0], x[fc][1]);
       if constexpr (MAG == 7) {     // qwords: row 0's 0..7, row 1's 0..7, row 0's 8..15, ...
-        const __m256i packed = _mm256_packus_epi16(c[fc][0], c[fc][1]);
-        store_half_line<STREAM>(to, _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0)));
+        store_half_line<STREAM>(to, _mm256_permute4x64_epi64(ab, _MM_SHUFFLE(3, 1, 2, 0)));
       } else {        // bytes (1, 16) . code pairs -> 2m | 2m + 1 << 4; dwords: row k, 8 codes
         const __m256i nibbles = _mm256_set1_epi16(0x1001);
-        const __m256i ab = _mm256_maddubs_epi16(_mm256_packus_epi16(c[fc][0], c[fc][1]), nibbles);
-        const __m256i cd = _mm256_maddubs_epi16(_mm256_packus_epi16(c[fc][2], c[fc][3]), nibbles);
+        const __m256i cd = codes_avx2<MAG>(q[fc][2], q[fc][3], x[fc][2], x[fc][3]);
         store_half_line<STREAM>(to, _mm256_permutevar8x32_epi32(
-                                        _mm256_packus_epi16(ab, cd),
+                                        _mm256_packus_epi16(_mm256_maddubs_epi16(ab, nibbles),
+                                                            _mm256_maddubs_epi16(cd, nibbles)),
                                         _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
       }
     }

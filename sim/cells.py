@@ -283,13 +283,50 @@ def simulate_cells(config: RunConfig, trace: Trace | None = None, *, workers: in
         merged = Path(records_path) if records_path is not None else Path(tmp) / "records.parquet"
         merge_records(paths, merged)
         phases["merge_s"] = lap()
-        summary = merged_summary(merged, config, jobs, outcomes)
+        summary = merged_summary(merged, config, whole_cluster(config),
+                                 pooled_stats(config, jobs, outcomes),
+                                 max(o.simulated_time_s for o in outcomes))
+        summary["cells"] = cells_section(config, jobs, outcomes)
         phases["summary_s"] = lap()
     timing = {"wall_time_s": clock[-1] - clock[0], **phases,
               "backend": "ray" if ray_address is not None else "processes",
               "workers": workers, "ray_address": ray_address,
               "cell_wall_time_s": [o.wall_time_s for o in outcomes]}
     return CellsResult(config, summary, Path(records_path) if records_path else None, timing)
+
+
+def pooled_stats(config: RunConfig, jobs: list[CellJob], outcomes: list[CellOutcome]) -> dict:
+    """Every instance's stats in global order (a cell without requests: idle instances), the
+    busiest NIC's busy time, summed bytes and failed attempts."""
+    prefill, decode = instances_per_cell(config)
+    by_index = {j.index: o.stats for j, o in zip(jobs, outcomes)}
+    idle = {"prefill_busy_s": [0.0] * prefill, "prefill_batches": [0] * prefill,
+            "decode_busy_s": [0.0] * decode, "decode_iterations": [0] * decode,
+            "decode_preemptions": [0] * decode, "link_busy_s": 0.0, "link_bytes": 0,
+            "failed_transfer_attempts": 0}
+    cells = [by_index.get(k, idle) for k in range(config.cells.count)]
+    out = {key: [v for c in cells for v in c[key]] for key in
+           ("prefill_busy_s", "prefill_batches", "decode_busy_s", "decode_iterations",
+            "decode_preemptions")}
+    out["link_busy_s"] = max(c["link_busy_s"] for c in cells)      # busiest NIC
+    out["link_bytes"] = sum(c["link_bytes"] for c in cells)
+    out["failed_transfer_attempts"] = sum(c["failed_transfer_attempts"] for c in cells)
+    return out
+
+
+def cells_section(config: RunConfig, jobs: list[CellJob], outcomes: list[CellOutcome]) -> dict:
+    """The summary's ``cells``: layout, split rule, and per cell its requests, seed,
+    simulated time and SLO attainment (a cell without requests: 0, None, 0, NaN)."""
+    prefill, decode = instances_per_cell(config)
+    by_index = {j.index: (j, o) for j, o in zip(jobs, outcomes)}
+    cells = [by_index.get(k) for k in range(config.cells.count)]
+    return {"count": config.cells.count, "instances": config.cells.instances,
+            "prefill_instances_per_cell": prefill, "decode_instances_per_cell": decode,
+            "split_rule": SPLIT_RULE,
+            "num_requests": [len(c[0].trace) if c else 0 for c in cells],
+            "seed": [c[0].config.seed if c else None for c in cells],
+            "simulated_time_s": [c[1].simulated_time_s if c else 0.0 for c in cells],
+            "slo_attainment": [c[1].slo_attainment if c else math.nan for c in cells]}
 
 
 def cells_trace(config: RunConfig, workers: int | None) -> Trace:

@@ -9,11 +9,9 @@ request), never the records, and the numbers equal ``metrics.summarize`` on the 
 (tested). Per-tenant rows (``traces.tenants``) take one such summary per tenant.
 
 ``merged_summary`` adds what ``sim.cluster.simulate`` adds, over all cells: the simulated time
-(the longest cell's), utilisation over every instance of every cell (idle cells' instances
-count as idle), decode occupancy, power and cost of the whole cluster, the config and a
-``cells`` section (count, instances per cell, split rule, each cell's requests, seed, simulated
-time and SLO attainment). Wall-clock times are left out, so the summary is the same bytes
-however the cells ran.
+(the longest cell's), utilisation over every instance of every cell, decode occupancy, power
+and cost of the whole cluster and the config (``sim.cells`` adds its ``cells`` section).
+Wall-clock times are left out, so the summary is the same bytes however the cells ran.
 """
 
 from __future__ import annotations
@@ -134,10 +132,10 @@ def tenants_of_file(path, ttft_slo_s: float, tpot_slo_s: float) -> dict | None:
     return out
 
 
-def merged_summary(path, config, jobs: list, outcomes: list) -> dict:
-    """The summary of a cells run (module docstring): ``jobs`` and their ``outcomes`` in
-    cell order (cells without requests have neither)."""
-    from sim.cells import SPLIT_RULE, instances_per_cell, whole_cluster
+def merged_summary(path, config, cluster, stats: dict, span_s: float) -> dict:
+    """The summary of a cells run (module docstring) from its merged records at ``path``:
+    ``config`` the run's, ``cluster`` the whole cluster's (every cell's instances), ``stats``
+    every instance's (``sim.cells.pooled_stats``), ``span_s`` the longest cell's time."""
     from sim.cluster import _power_and_cost
     from sim.config import provenance
 
@@ -146,46 +144,12 @@ def merged_summary(path, config, jobs: list, outcomes: list) -> dict:
     tenants = tenants_of_file(path, slo.ttft_s, slo.tpot_s)
     if tenants is not None:
         summary["tenants"] = tenants
-    span = max(o.simulated_time_s for o in outcomes)
-    summary["simulated_time_s"] = span
-    stats = _pooled_stats(config, jobs, outcomes)
+    summary["simulated_time_s"] = span_s
     decode_spans = _gather(path, ("first_token_at", "finished_at"),
                            lambda f: (f["finished_at"] - f["first_token_at"]).to_numpy(float))
     slots = len(stats["decode_busy_s"]) * config.cluster.decode.max_batch_size
-    occupancy = float(np.nansum(decode_spans)) / span / slots if span > 0 else math.nan
-    summary.update(metrics.utilization(stats, span, occupancy))
-    cluster = whole_cluster(config)
+    occupancy = float(np.nansum(decode_spans)) / span_s / slots if span_s > 0 else math.nan
+    summary.update(metrics.utilization(stats, span_s, occupancy))
     summary.update(_power_and_cost(stats, summary, cluster))
     summary["config"] = provenance(config)
-    prefill, decode = instances_per_cell(config)
-    by_index = {j.index: (j, o) for j, o in zip(jobs, outcomes)}
-    cells = [by_index.get(k) for k in range(config.cells.count)]
-    summary["cells"] = {
-        "count": config.cells.count, "instances": config.cells.instances,
-        "prefill_instances_per_cell": prefill, "decode_instances_per_cell": decode,
-        "split_rule": SPLIT_RULE,
-        "num_requests": [len(c[0].trace) if c else 0 for c in cells],
-        "seed": [c[0].config.seed if c else None for c in cells],
-        "simulated_time_s": [c[1].simulated_time_s if c else 0.0 for c in cells],
-        "slo_attainment": [c[1].slo_attainment if c else math.nan for c in cells]}
     return summary
-
-
-def _pooled_stats(config, jobs: list, outcomes: list) -> dict:
-    """Every instance's stats in global order: busy times, batches, the busiest NIC."""
-    from sim.cells import instances_per_cell
-
-    prefill, decode = instances_per_cell(config)
-    by_index = {j.index: o.stats for j, o in zip(jobs, outcomes)}
-    idle = {"prefill_busy_s": [0.0] * prefill, "prefill_batches": [0] * prefill,
-            "decode_busy_s": [0.0] * decode, "decode_iterations": [0] * decode,
-            "decode_preemptions": [0] * decode, "link_busy_s": 0.0, "link_bytes": 0,
-            "failed_transfer_attempts": 0}
-    cells = [by_index.get(k, idle) for k in range(config.cells.count)]
-    out = {key: [v for c in cells for v in c[key]] for key in
-           ("prefill_busy_s", "prefill_batches", "decode_busy_s", "decode_iterations",
-            "decode_preemptions")}
-    out["link_busy_s"] = max(c["link_busy_s"] for c in cells)      # busiest NIC
-    out["link_bytes"] = sum(c["link_bytes"] for c in cells)
-    out["failed_transfer_attempts"] = sum(c["failed_transfer_attempts"] for c in cells)
-    return out

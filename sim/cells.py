@@ -172,16 +172,16 @@ def run_cell(job: CellJob) -> CellOutcome:
                        result.summary["simulated_time_s"], time.perf_counter() - wall)
 
 
-def records_schema(with_tenant: bool):
-    """Arrow schema of the merged records: ``traces.schema`` columns, tenant, then cell."""
+def records_schema(columns) -> "pyarrow.Schema":
+    """Arrow schema of cell records with ``columns``: ``traces.schema``'s columns in their
+    dtypes, optional ones (tenant) where present, then ``cell``."""
     import pyarrow as pa
 
-    from traces.schema import RECORD_COLUMNS
+    from traces.schema import OPTIONAL_COLUMNS, RECORD_COLUMNS
 
-    arrow = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
-    fields = [(name, arrow[dtype]) for name, dtype in RECORD_COLUMNS.items()]
-    return pa.schema(fields + ([("tenant", pa.string())] if with_tenant else [])
-                     + [("cell", pa.int64())])
+    dtypes = {**RECORD_COLUMNS, **OPTIONAL_COLUMNS, "cell": "int64"}
+    return pa.schema([(name, pa.string() if dtypes[name] == "string"
+                       else pa.from_numpy_dtype(np.dtype(dtypes[name]))) for name in columns])
 
 
 def cell_records(frame, job: CellJob) -> bytes:
@@ -196,7 +196,7 @@ def cell_records(frame, job: CellJob) -> bytes:
         placed = frame[column] >= 0
         frame.loc[placed, column] = frame.loc[placed, column] + offset
     frame["cell"] = job.index
-    schema = records_schema("tenant" in frame.columns)
+    schema = records_schema(frame.columns)
     table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
     sink = pa.BufferOutputStream()
     # row groups of a merge batch: the merge decodes one row group per file at a time

@@ -172,7 +172,7 @@ def run_cell(job: CellJob) -> CellOutcome:
                        result.summary["simulated_time_s"], time.perf_counter() - wall)
 
 
-def records_schema(columns) -> "pyarrow.Schema":
+def records_schema(columns):
     """Arrow schema of cell records with ``columns``: ``traces.schema``'s columns in their
     dtypes, optional ones (tenant) where present, then ``cell``."""
     import pyarrow as pa

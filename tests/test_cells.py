@@ -142,7 +142,7 @@ def explode_after_20(loads, free_blocks, counter):
     return counter % len(loads)
 
 
-def _lopsided_trace() -> "Trace":
+def _lopsided_trace():
     """30 requests in cell 2 of 4 and 5 in each other cell."""
     ids, want = [], {0: 5, 1: 5, 2: 30, 3: 5}
     for rid in range(10_000):

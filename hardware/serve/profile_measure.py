@@ -6,7 +6,9 @@
 - Decode: ``DecodeEngine.step`` with ``batch`` running requests, each at ``context`` tokens
   (the step attends every request's ``context`` tokens and writes its newest one), in the
   decode cache the workers build for the serving mechanism. The cache holds zeros: a step's
-  cost does not depend on the values it reads.
+  cost does not depend on the values it reads. (A step pads every request's block table to
+  the batch's longest, so with mixed lengths its cost follows batch x the longest context;
+  the table holds the uniform case, where that is the total context.)
 - Transfer: a prefill process (``python -m hardware.serve.profile_measure --serve-kv``) prefills
   requests of the swept lengths with its ``PrefillEngine`` and serves their pulls
   (``PrefillServer`` over Mooncake TCP on loopback, the workers' send buffer); this process

@@ -204,6 +204,36 @@ def judge(real_frame, sim_frame, ttft_slo_s: float, tpot_slo_s: float,
             "statuses": {"real": real["statuses"], "sim": sim["statuses"]}}, pairing
 
 
+def decode_step_ratios(frame, step_time, samples: int = 16) -> dict:
+    """How a run's decode steps compare with a step-time table ``step_time(batch,
+    total_context)``: per ok request of 3+ tokens, its TPOT (the mean step while it decoded)
+    over the table's step for the batch it decoded in, at ``samples`` instants of its decode
+    span. The batch is every request decoding then; each one's context is its prompt plus the
+    tokens it had made (linear from first token to finish). Priced two ways: ``summed``, the
+    batch's contexts added up (what the table is indexed by), and ``padded``, the batch size
+    x its longest context (what attention costs when every sequence is padded to the longest,
+    as the real model's batched attention does). Medians over requests; 1.0 = as the table."""
+    ok = (frame["status"] == "ok").to_numpy()
+    first = frame["first_token_at"].to_numpy(dtype=float)[ok]
+    done = frame["finished_at"].to_numpy(dtype=float)[ok]
+    made = frame["num_generated_tokens"].to_numpy(dtype=float)[ok]
+    prompt = frame["num_prompt_tokens"].to_numpy(dtype=float)[ok]
+    ratios = {"summed": [], "padded": []}
+    for i in np.flatnonzero(made >= 3):
+        tpot = (done[i] - first[i]) / (made[i] - 1)
+        steps = {"summed": [], "padded": []}
+        for t in np.linspace(first[i], done[i], samples, endpoint=False):
+            inside = (first <= t) & (done > t)
+            share = (t - first[inside]) / (done[inside] - first[inside])
+            context = prompt[inside] + share * made[inside]
+            batch = int(inside.sum())
+            steps["summed"].append(step_time(batch, float(context.sum())))
+            steps["padded"].append(step_time(batch, batch * float(context.max())))
+        for how, values in steps.items():
+            ratios[how].append(tpot / float(np.mean(values)))
+    return {how: float(np.median(r)) if r else math.nan for how, r in ratios.items()}
+
+
 def format_errors(result: dict) -> str:
     """A fixed-width table of one load: metric, real, sim, error, goal, verdict (and blame)."""
     lines = [f"  {'metric':<20}{'real':>11}{'sim':>11}{'error':>10}{'goal':>9}  verdict"]
@@ -221,6 +251,11 @@ def format_errors(result: dict) -> str:
     stages = ", ".join(f"{s} {1e3 * d:+.1f}" for s, d in result["stage_error_s"].items()
                        if not math.isnan(d))
     lines.append(f"  mean stage error, sim - real (ms): {stages or '-'}")
+    check = result.get("decode_step_vs_table")
+    if check:
+        lines.append("  TPOT / the table's step at the batch decoded in, median: " + "; ".join(
+            f"{side} {_num(r['summed'])} (contexts summed), {_num(r['padded'])} (batch x "
+            f"longest)" for side, r in check.items()))
     return "\n".join(lines)
 
 

@@ -132,6 +132,14 @@ def simulate_on_profile(profile, trace: Trace, mechanism: str, ttft_slo_s: float
     return simulate(config, trace).records
 
 
+def decode_table(profile):
+    """The profile's decode step time ``(batch, total_context) -> s`` (its table predictor)."""
+    from sim.profile_dir import load_profile_dir
+
+    predictor = load_profile_dir(profile).predictor()
+    return lambda batch, context: predictor.decode_step_time(batch, int(round(context)))
+
+
 def real_records(trace: Trace, config, ttft_slo_s: float, tpot_slo_s: float, context: int,
                  out: Path, progress: bool):
     """Records of ``hawk real run`` on ``trace`` (written to ``out`` too)."""
@@ -266,6 +274,7 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
         config, context = cluster_config(profile, doc, mechanism), context_of(doc)
         real_fn = (lambda trace, ttft, tpot, where: real_records(trace, config, ttft, tpot,
                                                                  context, where, progress))
+    step_time = decode_table(profile)
     if slos is None:
         slos, slo_source = default_slos(simulate_fn, requests), (
             f"{TTFT_SLO_X:g}x TTFT and {TPOT_SLO_X:g}x TPOT of the longest prompt served "
@@ -293,6 +302,10 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
             real = real_fn(trace, *slos, base / load.name / "real")
             sim = simulate_fn(trace, *slos)
             judged, pairing = val.judge(real, sim, *slos, goals)
+            if step_time is not None:
+                judged["decode_step_vs_table"] = {
+                    side: val.decode_step_ratios(frame, step_time)
+                    for side, frame in (("real", real), ("sim", sim))}
             result["loads"].append({"name": load.name, "rate": load.rate, **judged})
             if out is not None:
                 (base / load.name / "sim").mkdir(parents=True, exist_ok=True)

@@ -325,3 +325,16 @@ def test_the_command_runs_both_sides_end_to_end_on_a_tiny_trace(tmp_path, capsys
             assert (np.diff(instants, axis=1) >= -1e-6).all()
         assert (out / load["name"] / "real" / "records.parquet").is_file()
     assert plot.stat().st_size > 0 and (out / "validate.json").is_file()
+
+
+def test_decode_step_ratios_price_the_batch_summed_and_padded_to_its_longest():
+    # two requests decode side by side for 1 s, 11 tokens each (TPOT 0.1 s), prompts 90 and 10
+    frame = make_records(2, stages={s: 0.0 for s in STAGE_S}, decode_s=1.0, gap_s=0.0)
+    frame["num_prompt_tokens"] = [90, 10]
+    ratios = val.decode_step_ratios(frame, lambda batch, context: 0.05 * batch)
+    assert ratios == {"summed": pytest.approx(1.0), "padded": pytest.approx(1.0)}
+    ratios = val.decode_step_ratios(frame, lambda batch, context: 1e-3 * context)
+    grown = 11 * np.arange(16) / 16                  # tokens made by each sampled instant
+    assert ratios["summed"] == pytest.approx(0.1 / np.mean(1e-3 * (100 + 2 * grown)))
+    assert ratios["padded"] == pytest.approx(0.1 / np.mean(1e-3 * 2 * (90 + grown)))
+    assert ratios["padded"] < ratios["summed"]      # padding costs more than the sum

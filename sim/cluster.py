@@ -24,7 +24,7 @@ from sim.link import KVLink
 from sim.npu_memory import make_pool, pool_for
 from sim.predictor import Predictor, RooflinePredictor, load_profile
 from sim.prefill import PrefillInstance
-from sim.profile_dir import SerialLink, measured_parts
+from sim.measured import SerialLink, measured_parts
 from sim.router import Router
 from sim.run_size import check_run_size, expected_num_requests
 from sim.transfer import pricing_for, transfer_params

@@ -291,11 +291,10 @@ class ClusterConfig:
 def _check_measured_model(cluster: "ClusterConfig") -> bool:
     """A measured profile directory times its own model (``cluster.model = "profile"``), and
     only it does. True when the profile is a directory."""
-    from sim.profile_dir import MEASURED_MODEL, is_profile_dir, load_profile_dir
+    from sim.profile_dir import MEASURED_MODEL
 
-    measured = is_profile_dir(cluster.profile)
+    measured = _measured_profile(cluster.profile) is not None   # a bad one is named here
     if measured:
-        load_profile_dir(cluster.profile)           # a bad directory is named here
         if cluster.model != MEASURED_MODEL:
             raise ConfigError(f"cluster.model = {cluster.model!r}: the measured profile "
                               f"{cluster.profile} times its own model; leave cluster.model "
@@ -589,17 +588,29 @@ def from_dict(data: dict) -> RunConfig:
     return config
 
 
+def _measured_profile(name):
+    """The measured profile directory ``cluster.profile`` names (``sim.profile_dir``), or None
+    for a profile file; a bad directory is a ``ConfigError`` naming its file and field."""
+    from sim.profile_dir import ProfileDirError, is_profile_dir, load_profile_dir
+
+    if not is_profile_dir(name):
+        return None
+    try:
+        return load_profile_dir(name)
+    except ProfileDirError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def _with_profile(data: dict) -> tuple[dict, tuple]:
     """``data`` with the measured profile's settings under the user's, and the keys filled."""
-    cluster = data.get("cluster") if isinstance(data, dict) else None
-    profile = cluster.get("profile") if isinstance(cluster, dict) else None
-    from sim.profile_dir import is_profile_dir, load_profile_dir, mirror_settings
+    from sim.profile_dir import mirror_settings
 
-    if not is_profile_dir(profile):
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    profile = _measured_profile(cluster.get("profile") if isinstance(cluster, dict) else None)
+    if profile is None:
         return data, ()
     given = _flatten(data)
-    filled = {k: v for k, v in mirror_settings(load_profile_dir(profile)).items()
-              if k not in given}
+    filled = {k: v for k, v in mirror_settings(profile).items() if k not in given}
     return _merge(_undot(filled), data), tuple(filled)
 
 

@@ -15,7 +15,7 @@ from sim.cli import main as hawk
 from sim.cluster import simulate
 from sim.config import ConfigError, from_dict, provenance
 from sim.predictor import Efficiency, RooflinePredictor
-from sim.profile_dir import MEASURED_MODEL, ProfileDirError, load_profile_dir
+from sim.profile_dir import MEASURED_MODEL, load_profile_dir
 from traces.trace import Trace
 
 #: the real mode's tiny Llama (hardware.model.config.tiny_config)
@@ -230,7 +230,7 @@ def test_cli_simulate_and_show_config(prof, capsys):
 ])
 def test_bad_directories_are_named(prof, damage, message):
     damage(prof)
-    with pytest.raises(ProfileDirError) as err:
+    with pytest.raises(ConfigError) as err:
         _config(prof)
     assert message in str(err.value)
 

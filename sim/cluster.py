@@ -92,7 +92,7 @@ def workload_trace(config: RunConfig) -> Trace:
 @dataclass
 class _Parts:
     """What a run is built from: the catalogs and a named profile, or a measured profile
-    directory (``sim.profile_dir``)."""
+    directory (``sim.measured``)."""
 
     model: object
     predictors: tuple
@@ -101,7 +101,7 @@ class _Parts:
     make_link: object               # (env, ledger) -> the link of one decode node
     make_pool: object               # decode blocks -> the decode pool
     restore_time: object
-    measured: object = None         # sim.profile_dir.MeasuredParts, or None
+    measured: object = None         # sim.measured.MeasuredParts, or None
 
 
 def _parts(config: RunConfig, predictors, pricing) -> _Parts:
@@ -162,7 +162,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
 
         ledger = open_ledger(config, trace, stream, until, monitor_interval_s is not None)
     # each decode node pulls through its own NIC (sim.link: nodes meet at a switch); a
-    # measured profile's decode worker pulls one request at a time (sim.profile_dir)
+    # measured profile's decode worker pulls one request at a time (sim.measured)
     links = [parts.make_link(env, ledger) for _ in range(cl.decode.num_instances)]
     decode_route = resolve("decode_routing", cl.decode_routing)
     decodes = [DecodeInstance(env, k, ledger, decode_pred, links[k],

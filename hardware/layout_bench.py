@@ -230,8 +230,8 @@ def format_table(result: dict) -> str:
             lines.append(f"  {'':10s} eager torch path: ratio {t['eager_ratio']:.3f} (kernel "
                          f"built or loaded in {t['build_s']:.1f} s, not timed)")
     if result["scaling"]:
-        lines.append("thread scaling: transformation time over the first thread count's "
-                     "(the copy's in brackets):")
+        lines.append("thread scaling: speed-up of the transformation over the first thread "
+                     "count (time there / time here; the copy's in brackets):")
     for s in result["scaling"]:
         lines.append(f"  {s['dtype']:10s} {s['kernel_path'] or 'eager':8s} {s['base_threads']} -> "
                      f"{s['threads']} threads: {s['speedup']:.2f}x (copy {s['copy_speedup']:.2f}x)")

@@ -4,18 +4,19 @@
 GPU blocks (``TileGather.sources``) and writes its send row once, tilized and packed:
 bfloat16 / float32 values as they are, or bfloat8_b / bfloat4_b with the integer recipe of
 ``hardware.tiles.bfp_encode``, so it is byte-exact with the eager torch path. Block floats
-from bfloat16 take one of three paths, chosen at run time by asking the CPU: ``avx512``
-(AVX-512 F, BW, VL: one tile row per register), ``avx2`` (AVX2, FMA, F16C: one group per
-register) or ``portable`` (plain C++ that the compiler vectorises; float16 and float32 caches
-always take it). All give the same bytes; ``HAWK_TRANSFORM_PATH=avx2`` (or the ``path``
-argument of ``pack_layer``) forces one, and a path the CPU lacks is refused by name. The
-build is x86-64 baseline with each vector path compiled for its own target, so one build
-runs on any CPU of the architecture. Pages are split over torch's intra-op threads
-(``torch.set_num_threads``; each page fills its own send row, so the bytes never depend on the
-split). It is compiled with ``torch.utils.cpp_extension.load`` the first time a CPU
-transformation asks for it (a few seconds; cached in torch's extension directory,
-``~/.cache/torch_extensions`` unless ``TORCH_EXTENSIONS_DIR`` says otherwise, under a name
-that changes with the sources) and registered as ``torch.ops.hawk_layout``.
+take one of three paths, chosen at run time by asking the CPU: ``avx512`` (AVX-512 F, BW,
+VL: from bfloat16 one tile row per register), ``avx2`` (AVX2, FMA, F16C: from bfloat16 one
+group per register) or ``portable`` (plain C++ that the compiler vectorises for the build's
+baseline: SSE2 on x86-64, NEON on arm64); the two vector paths pack float16 and float32
+caches with the portable code compiled for their own target. All give the same bytes;
+``HAWK_TRANSFORM_PATH=avx2`` (or the ``path`` argument of ``pack_layer``) forces one, and a
+path the CPU lacks is refused by name. The build is baseline with each vector path compiled
+for its own target, so one build runs on any CPU of the architecture. Pages are split over
+torch's intra-op threads (``torch.set_num_threads``; each page fills its own send row, so the
+bytes never depend on the split). It is compiled with ``torch.utils.cpp_extension.load`` the
+first time a CPU transformation asks for it (a few seconds; cached in torch's extension
+directory, ``~/.cache/torch_extensions`` unless ``TORCH_EXTENSIONS_DIR`` says otherwise,
+under a name that changes with the sources) and registered as ``torch.ops.hawk_layout``.
 
 When it cannot be built (no compiler, no ninja, a build error) ``available()`` is False, the
 reason is logged at debug level and ``hardware.transform`` runs its eager torch path.

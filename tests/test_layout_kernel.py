@@ -253,7 +253,11 @@ def test_every_path_gives_the_ttnn_fixture_bytes(kernel, path):
 
 
 def test_kernel_runs_the_paths_the_cpu_has(kernel):
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    import platform
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine() in ("x86_64", "AMD64") and not cpuinfo.exists():
+        pytest.skip("the CPU's flags are read from /proc/cpuinfo")
+    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
     has = {f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")
            if f" {f}" in flags}
     want = ["portable"]

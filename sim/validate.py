@@ -234,6 +234,22 @@ def decode_step_ratios(frame, step_time, samples: int = 16) -> dict:
     return {how: float(np.median(r)) if r else math.nan for how, r in ratios.items()}
 
 
+def prefill_batch_ratios(frame, prefill_time) -> dict:
+    """How a run's prefill batches compare with a table ``prefill_time(prompt_lens)``: per
+    batch (the requests sharing one prefill instance's start and end), its duration over the
+    table's time for its prompts (``summed``) and for as many prompts of its longest
+    (``padded``, what a batched forward costs when every prompt is padded to the longest).
+    Medians over batches; 1.0 = as the table."""
+    cols = ["prefill_instance", "prefill_start_at", "prefill_end_at"]
+    done = frame[(frame["status"] == "ok")].dropna(subset=cols[1:])
+    ratios = {"summed": [], "padded": []}
+    for (_, start, end), batch in done.groupby(cols, sort=True):
+        lens = [int(n) for n in batch["num_prompt_tokens"]]
+        ratios["summed"].append((end - start) / prefill_time(lens))
+        ratios["padded"].append((end - start) / prefill_time([max(lens)] * len(lens)))
+    return {how: float(np.median(r)) if r else math.nan for how, r in ratios.items()}
+
+
 def format_errors(result: dict) -> str:
     """A fixed-width table of one load: metric, real, sim, error, goal, verdict (and blame)."""
     lines = [f"  {'metric':<20}{'real':>11}{'sim':>11}{'error':>10}{'goal':>9}  verdict"]
@@ -251,11 +267,13 @@ def format_errors(result: dict) -> str:
     stages = ", ".join(f"{s} {1e3 * d:+.1f}" for s, d in result["stage_error_s"].items()
                        if not math.isnan(d))
     lines.append(f"  mean stage error, sim - real (ms): {stages or '-'}")
-    check = result.get("decode_step_vs_table")
-    if check:
-        lines.append("  TPOT / the table's step at the batch decoded in, median: " + "; ".join(
-            f"{side} {_num(r['summed'])} (contexts summed), {_num(r['padded'])} (batch x "
-            f"longest)" for side, r in check.items()))
+    for key, what in (("prefill_batch_vs_table", "prefill batch / the table's"),
+                      ("decode_step_vs_table", "TPOT / the table's step at the batch")):
+        check = result.get(key)
+        if check:
+            lines.append(f"  {what}, median: " + "; ".join(
+                f"{side} {_num(r['summed'])} summed, {_num(r['padded'])} padded to the "
+                f"longest" for side, r in check.items()))
     return "\n".join(lines)
 
 

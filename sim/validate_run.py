@@ -132,14 +132,6 @@ def simulate_on_profile(profile, trace: Trace, mechanism: str, ttft_slo_s: float
     return simulate(config, trace).records
 
 
-def decode_table(profile):
-    """The profile's decode step time ``(batch, total_context) -> s`` (its table predictor)."""
-    from sim.profile_dir import load_profile_dir
-
-    predictor = load_profile_dir(profile).predictor()
-    return lambda batch, context: predictor.decode_step_time(batch, int(round(context)))
-
-
 def real_records(trace: Trace, config, ttft_slo_s: float, tpot_slo_s: float, context: int,
                  out: Path, progress: bool):
     """Records of ``hawk real run`` on ``trace`` (written to ``out`` too)."""
@@ -263,6 +255,7 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
     the (real, simulated) records. ``simulate_fn`` / ``real_fn`` replace the two sides
     (tests): ``(trace, ttft_slo, tpot_slo) -> records``, ``(trace, ttft_slo, tpot_slo,
     out_dir) -> records``."""
+    from sim.profile_dir import load_profile_dir
     from traces.schema import write_records
 
     doc = read_profile(profile)
@@ -274,7 +267,10 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
         config, context = cluster_config(profile, doc, mechanism), context_of(doc)
         real_fn = (lambda trace, ttft, tpot, where: real_records(trace, config, ttft, tpot,
                                                                  context, where, progress))
-    step_time = decode_table(profile)
+    table = load_profile_dir(profile).predictor()         # the tables the simulator reads
+
+    def step_time(batch: int, context: float) -> float:
+        return table.decode_step_time(batch, int(round(context)))
     if slos is None:
         slos, slo_source = default_slos(simulate_fn, requests), (
             f"{TTFT_SLO_X:g}x TTFT and {TPOT_SLO_X:g}x TPOT of the longest prompt served "
@@ -302,10 +298,11 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
             real = real_fn(trace, *slos, base / load.name / "real")
             sim = simulate_fn(trace, *slos)
             judged, pairing = val.judge(real, sim, *slos, goals)
-            if step_time is not None:
-                judged["decode_step_vs_table"] = {
-                    side: val.decode_step_ratios(frame, step_time)
-                    for side, frame in (("real", real), ("sim", sim))}
+            sides = (("real", real), ("sim", sim))
+            judged["prefill_batch_vs_table"] = {
+                side: val.prefill_batch_ratios(frame, table.prefill_time) for side, frame in sides}
+            judged["decode_step_vs_table"] = {
+                side: val.decode_step_ratios(frame, step_time) for side, frame in sides}
             result["loads"].append({"name": load.name, "rate": load.rate, **judged})
             if out is not None:
                 (base / load.name / "sim").mkdir(parents=True, exist_ok=True)

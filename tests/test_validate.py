@@ -338,3 +338,13 @@ def test_decode_step_ratios_price_the_batch_summed_and_padded_to_its_longest():
     assert ratios["summed"] == pytest.approx(0.1 / np.mean(1e-3 * (100 + 2 * grown)))
     assert ratios["padded"] == pytest.approx(0.1 / np.mean(1e-3 * 2 * (90 + grown)))
     assert ratios["padded"] < ratios["summed"]      # padding costs more than the sum
+
+
+def test_prefill_batch_ratios_price_each_batch_summed_and_padded_to_its_longest():
+    # one batch of prompts 300 and 100 taking 0.6 s, then one of a single 200-token prompt
+    frame = make_records(3, stages={"prefill": [0.6, 0.6, 0.2]}, gap_s=0.0)
+    frame["num_prompt_tokens"] = [300, 100, 200]
+    frame.loc[2, ["prefill_start_at", "prefill_end_at"]] += 1.0
+    ratios = val.prefill_batch_ratios(frame, lambda lens: 1e-3 * sum(lens))
+    assert ratios["summed"] == pytest.approx(np.median([0.6 / 0.4, 0.2 / 0.2]))
+    assert ratios["padded"] == pytest.approx(np.median([0.6 / 0.6, 0.2 / 0.2]))

@@ -310,9 +310,14 @@ class DecodeInstance(DecodeFaults):
 
     def _preempt(self, i: int, base: int, it: int) -> None:
         """Preempt running ``i`` at iteration ``it``: free its blocks and queue it first."""
-        running = self.running
-        running[:] = [entry for entry in running if entry[1] != i]
-        heapq.heapify(running)
+        running = self.running                 # (finish iteration, request): no two alike,
+        for k, entry in enumerate(running):    # so any heap of them pops in the same order
+            if entry[1] == i:
+                last = running.pop()
+                if k < len(running):
+                    running[k] = last
+                    heapq.heapify(running)
+                break
         self._context_base -= base
         self.memory.release(i)
         context = self._resume[i] = base + it

@@ -33,10 +33,13 @@ every block, so all chips fill alike. A slot is one block's share of one bank.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from itertools import accumulate
 
 import numpy as np
 
 from hardware.kv_layout import blocks_for
+from policies.admission import pick_victim
 
 OK, WAIT, OOM = "ok", "wait", "oom"
 
@@ -318,18 +321,15 @@ class GrowingKV:
             return 0
         b, residues = self.block_size, self.residues
         rounds, rest = divmod(spare, len(self.base))
-        taken = 0
-        for r in range(b):                 # slack r, smallest first
-            taken += residues[(-r - t) % b]
-            if taken > rest:
-                return min(max_steps, rounds * b + r + 1)
-        raise AssertionError("residue counts do not add up to the batch")
+        s = -t % b                         # requests with slack r have residue (-r - t) % b
+        taken = list(accumulate(residues[s::-1] + residues[:s:-1]))   # by slack r, smallest first
+        r = bisect_right(taken, rest)      # the first slack whose requests overrun the spare
+        assert r < b, "residue counts do not add up to the batch"
+        return min(max_steps, rounds * b + r + 1)
 
     def make_room(self, t: int) -> list:
         """Requests to preempt, most recent first, so that step ``t`` gets its blocks; each
         has left (``leave``); the caller releases their reservations. [(request, base)]"""
-        from policies.admission import pick_victim
-
         free = self.pool.free_blocks
         if not self.base or self.growth_upper(t) <= free:
             return []

@@ -18,7 +18,7 @@ event)``, ``env._eid`` the id counter; ``tests/test_timers.py`` checks that layo
 from __future__ import annotations
 
 import math
-from heapq import heapify, heappush
+from heapq import heapify, heappush, heapreplace
 from typing import Callable
 
 from simpy.core import Environment
@@ -56,8 +56,14 @@ class MovableTimer:
         if old is not None:                     # pending: move it
             entry = self._entry = (at, NORMAL, next(env._eid), old[3])
             queue = env._queue
-            queue[queue.index(old)] = entry
-            heapify(queue)
+            if queue[0] is old:                 # the next event (often): O(1) or O(log n)
+                if at < old[0]:
+                    queue[0] = entry
+                else:
+                    heapreplace(queue, entry)
+            else:
+                queue[queue.index(old)] = entry
+                heapify(queue)
             return
         event = Event(env)
         event._ok, event._value = True, None

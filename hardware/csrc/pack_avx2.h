@@ -28,7 +28,7 @@ HAWK_TARGET_AVX2 inline void max_exponents_avx2(__m256i exp_a, __m256i exp_b, __
 
 // One group of 16 bfloat16 values (``exp``: their biased exponents, ``shared``: the group's
 // E, both in 16-bit lanes) -> 16 code magnitudes in 16-bit lanes, not yet saturated (at
-// most 2^MAG), the 16-bit recipe of encode_group_bf16 without a variable shift (AVX2 has
+// most 2^MAG), the 16-bit recipe of pack_tile_bf16 without a variable shift (AVX2 has
 // none for 16-bit lanes): a = Y >> 1 >> k = (1.mmmmmmm as 8 bits) * 2^(7 - k), the power
 // looked up by k with a byte shuffle (k + 0x70, saturated, indexes 2^(7 - k) for k <= 7 and
 // 0 above), and the significand zeroed where exp is 0 (sign_epi16 by exp).

@@ -32,6 +32,8 @@ import numpy as np
 from sim.config import ConfigError
 from sim.ledger import INSTANTS, REJECTIONS
 from sim.run_size import STREAM_MIN_REQUESTS, check_run_size
+from traces.chunks import CHUNK_SIZE
+from traces.record_stream import ROWS_PER_GROUP
 from traces.schema import Status
 
 NAN = math.nan
@@ -43,8 +45,8 @@ class Stream:
     rows per row group, requests per chunk of inputs, the percentile sketches' accuracy."""
 
     records_path: Path | None = None
-    rows_per_group: int = 65_536
-    chunk_size: int = 8_192
+    rows_per_group: int = ROWS_PER_GROUP
+    chunk_size: int = CHUNK_SIZE
     relative_accuracy: float = 0.01
 
     def __post_init__(self) -> None:

@@ -190,24 +190,28 @@ def default_slos(simulate_fn, requests: Requests) -> tuple[float, float]:
 
 def find_knee(simulate_fn, requests: Requests, ttft_slo_s: float, tpot_slo_s: float,
               steps: int = 8) -> float:
-    """The highest rate whose simulated attainment is >= ``KNEE_TARGET``: doubling from the
-    trace's own rate to bracket it, then ``steps`` bisections. NaN when even 1/1000 of the
-    trace's rate misses."""
+    """The highest rate whose simulated attainment is >= ``KNEE_TARGET``: doubling (or
+    halving) from the trace's own rate to bracket it, then ``steps`` bisections. NaN when even
+    1/1000 of the trace's rate misses, infinity when 1000x still meets it."""
     from traces.metrics import slo_attainment
 
     def good(rate: float) -> bool:
         frame = simulate_fn(requests.at(rate), ttft_slo_s, tpot_slo_s)
         return slo_attainment(frame, ttft_slo_s, tpot_slo_s) >= KNEE_TARGET
 
-    lo, hi = requests.base_rate, requests.base_rate
-    if good(lo):
-        while good(hi := 2 * lo) and hi < 1e6:
-            lo = hi
+    rate = requests.base_rate
+    if good(rate):
+        lo, hi = rate, 2 * rate
+        while good(hi):
+            if hi > 1000 * rate:
+                return math.inf
+            lo, hi = hi, 2 * hi
     else:
-        while not good(lo := lo / 2):
-            if lo < requests.base_rate / 1000:
+        lo, hi = rate / 2, rate
+        while not good(lo):
+            if lo < rate / 1000:
                 return math.nan
-            hi = lo
+            lo, hi = lo / 2, lo
     for _ in range(steps):
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if good(mid) else (lo, mid)
@@ -238,9 +242,10 @@ def resolve_loads(items, knee: float | None) -> list[Load]:
     for item in items:
         if isinstance(item, float):
             loads.append(Load(f"rate-{item:g}", item))
-        elif knee is None or not knee > 0:
-            raise ValueError("the simulator finds no knee on this profile and trace (no rate "
-                             "meets the SLOs 90% of the time); give --rates as req/s")
+        elif knee is None or not 0 < knee < math.inf:
+            raise ValueError(f"the simulator finds no knee on this profile and trace ({knee} "
+                             f"req/s: no rate, or every rate up to 1000x the trace's, meets the "
+                             f"SLOs 90% of the time); give --rates as req/s")
         else:
             loads.append(Load(item, (KNEE_SHARE if item == "knee" else LIGHT_SHARE) * knee))
     return loads

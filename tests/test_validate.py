@@ -348,3 +348,16 @@ def test_prefill_batch_ratios_price_each_batch_summed_and_padded_to_its_longest(
     ratios = val.prefill_batch_ratios(frame, lambda lens: 1e-3 * sum(lens))
     assert ratios["summed"] == pytest.approx(np.median([0.6 / 0.4, 0.2 / 0.2]))
     assert ratios["padded"] == pytest.approx(np.median([0.6 / 0.6, 0.2 / 0.2]))
+
+
+def test_the_knee_search_says_when_there_is_none():
+    requests = vr.load_requests(None, "chatbot", 20, 512)
+    never = vr.find_knee(lambda t, a, b: single_server(t, 0.1).assign(status="failed_error"),
+                         requests, 1.0, 1.0)
+    always = vr.find_knee(lambda t, a, b: single_server(t, 0.0), requests, 1.0, 1.0)
+    assert math.isnan(never) and always == math.inf
+    for knee in (never, always):
+        with pytest.raises(ValueError, match="finds no knee"):
+            vr.resolve_loads(["knee"], knee)
+    assert vr.resolve_loads([3.0, "light"], 10.0) == [vr.Load("rate-3", 3.0),
+                                                     vr.Load("light", vr.LIGHT_SHARE * 10.0)]

@@ -336,16 +336,19 @@ class DecodeInstance(DecodeFaults):
             return                                     # the oracle stops at every boundary
         start, batch, context, steps, factor = self._plan
         if now < start and now < self._boundary_at:
-            at = start                                 # a planned run not yet begun: redo it
-        else:                                          # (in a stall, its first step has begun)
-            done, t = self.predictor.decode_next_boundary(batch, context, steps,
-                                                          max(now - start, 0.0) / factor)
-            if done >= steps:
-                return                                 # the run's end is that boundary
-            at = start + factor * t
-            self.busy_time += at - start
-            self.num_iterations += done
-            self.iteration += done
+            # A planned run not yet begun: redo it from the same boundary (its instant stays
+            # ``_boundary_at``; ``start`` is later by any restore stall planned there).
+            self._admit_and_plan(start, now, redo=True)
+            return
+        # (in a stall, its first step has begun)
+        done, t = self.predictor.decode_next_boundary(batch, context, steps,
+                                                      max(now - start, 0.0) / factor)
+        if done >= steps:
+            return                                     # the run's end is that boundary
+        at = start + factor * t
+        self.busy_time += at - start
+        self.num_iterations += done
+        self.iteration += done
         self._admit_and_plan(at, now)
 
     def _on_timer(self) -> None:

@@ -202,3 +202,20 @@ def test_every_decode_wakeup_is_a_finish(mechanism, decodes):
     records = result.records[result.records["num_output_tokens"] > 1]   # 1: done on landing
     finishes = records.groupby("decode_instance")["finished_at"].nunique()
     assert result.stats["decode_wakeups"] == [finishes[k] for k in range(decodes)]
+
+
+@pytest.mark.parametrize("seed,p,blocks", [(32652, 0.5884423198807431, 271),
+                                           (140, 0.296875, 228)])
+def test_a_request_landing_in_a_restore_stall_joins_after_the_stalled_step(seed, p, blocks):
+    """A restore stalls the step that begins at a boundary; a second reservation before that
+    boundary replans the run not yet begun, and must keep the boundary's instant: a request
+    landing in the stall then joins a boundary later, as the oracle has it (the fast path
+    once took the end of the stall for the boundary, and joined it a step early)."""
+    trace = random_trace(np.random.default_rng(seed), 200, 3.0, max_output=300)
+    config = make_config(**{"seed": seed, "cluster.decode.num_instances": 2,
+                            "cluster.decode.max_num_blocks": blocks,
+                            "faults.transfer_failure_prob": p,
+                            "faults.link_down": [[15.0, 18.0]],
+                            "faults.instance_loss": [[1, 40.0]]})
+    fast, slow = run_both(config, trace)
+    assert_same_instants(fast, slow)

@@ -101,8 +101,8 @@ def open_ledger(config, trace, stream: Stream, cut_at: float | None,
 
 
 class _Inputs(dict):
-    """An input column keyed by request position; reading a position not yet loaded loads
-    the chunks up to it."""
+    """Arrival instants keyed by request position; reading a position not yet loaded loads
+    the chunks up to it (every column of them: the router reads an arrival first)."""
 
     __slots__ = ("load",)
 
@@ -118,10 +118,11 @@ class StreamLedger:
         self.n, self.source, self.writer, self.cut_at = source.n, source, writer, cut_at
         self.aggregate = aggregate            # fed by the writer's row groups, or None
         self.trace = None                     # no whole-trace columns (sim.prefill reads none)
-        self.arrival_at, self.prompt, self.output = _Inputs(), _Inputs(), _Inputs()
-        self.reasons = _Inputs()
-        for column in (self.arrival_at, self.prompt, self.output, self.reasons):
-            column.load = self._load
+        self.arrival_at = _Inputs()          # the router reads a request's arrival first
+        self.arrival_at.load = self._load
+        self.prompt: dict[int, int] = {}
+        self.output: dict[int, int] = {}
+        self.reasons: dict[int, object] = {}
         self.status: dict[int, Status] = {}
         self.prefill_instance: dict[int, int] = {}
         self.decode_instance: dict[int, int] = {}
@@ -143,7 +144,7 @@ class StreamLedger:
         """Requests whose state the ledger holds (loaded, not yet written out)."""
         return len(self._ids)
 
-    def judge(self, reject_codes) -> _Inputs:
+    def judge(self, reject_codes) -> dict:
         """The router's verdicts, computed chunk by chunk as requests load."""
         self._reject_codes = reject_codes
         return self.reasons
@@ -197,8 +198,8 @@ class StreamLedger:
         pop = dict.pop
         cols = {"request_id": [self._ids.pop(i) for i in positions],
                 "arrival_at": [pop(self.arrival_at, i) for i in positions],
-                "num_prompt_tokens": [pop(self.prompt, i) for i in positions],
-                "num_output_tokens": [pop(self.output, i) for i in positions],
+                "num_prompt_tokens": [self.prompt.pop(i) for i in positions],
+                "num_output_tokens": [self.output.pop(i) for i in positions],
                 "prefill_instance": [self.prefill_instance.pop(i, -1) for i in positions],
                 "decode_instance": [self.decode_instance.pop(i, -1) for i in positions],
                 "kv_bytes": [self.kv_bytes.pop(i, 0) for i in positions]}
@@ -208,7 +209,7 @@ class StreamLedger:
             column = getattr(self, name)
             cols[name] = np.array([column.pop(i, NAN) for i in positions])
         for i in positions:
-            pop(self.reasons, i)
+            del self.reasons[i]
             self.join_iteration.pop(i, None)
         if self._tenant is not None:
             cols["tenant"] = np.array([self._tenant.pop(i) for i in positions], dtype=object)

@@ -258,4 +258,4 @@ def test_a_request_read_after_its_write_out_is_an_error_not_a_reload():
     ledger.arrival_at[4], ledger.arrival_at[8]        # two loads later request 0 is written
     assert 0 not in ledger.status and ledger.writer.num_rows == 0   # buffered in the writer
     with pytest.raises(RuntimeError, match="position 0 was read after its record"):
-        ledger.prompt[0]
+        ledger.arrival_at[0]

@@ -418,8 +418,7 @@ class DecodeInstance(DecodeFaults):
             self._plan = (at, batch, context, steps, factor)
             end = at + factor * self.predictor.decode_time(batch, context, steps)
             self._timer_steps, self._end = steps, end
-            if end != self._timer.at:
-                self._timer.set(end)               # moved, or set when none is pending
+            self._timer.set(end)                   # moved, or set when none is pending
         else:
             self._plan = None
             self._timer.cancel()

@@ -112,10 +112,16 @@ class PrefillInstance:
             return
         self._busy = True
         bs, ledger = self.block_size, self.ledger
-        batch = (queue.popleft(),) if take == 1 else [queue.popleft() for _ in range(take)]
-        lens = [prompt[i] for i in batch]
-        self.queued_tokens -= sum(lens)
-        self.free_blocks -= sum([blocks_for(n, bs) for n in lens])
+        if take == 1:                             # the common batch below saturation
+            batch = (queue.popleft(),)
+            lens = [prompt[batch[0]]]
+            self.queued_tokens -= lens[0]
+            self.free_blocks -= -(-lens[0] // bs)           # blocks_for
+        else:
+            batch = [queue.popleft() for _ in range(take)]
+            lens = [prompt[i] for i in batch]
+            self.queued_tokens -= sum(lens)
+            self.free_blocks -= sum([blocks_for(n, bs) for n in lens])
         last = ledger.arrival_at[batch[-1]]
         at = last if last > now else now          # admitted ahead of its arrival (lazy router)
         start = ledger.prefill_start_at

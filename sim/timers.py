@@ -47,12 +47,15 @@ class MovableTimer:
 
     def set(self, at: float) -> None:
         """Fire at ``at`` (now, if ``at`` has passed; timed as a ``Timeout`` of ``at - now``
-        would be): move the pending firing there, or schedule one."""
+        would be): move the pending firing there, or schedule one. A firing pending at ``at``
+        already keeps its place."""
+        old = self._entry
+        if old is not None and at == self._at:
+            return                              # pending there already
         env = self.env
         now = env._now
         self._at = at
         at = now + (at - now) if at > now else now
-        old = self._entry
         if old is not None:                     # pending: move it
             entry = self._entry = (at, NORMAL, next(env._eid), old[3])
             queue = env._queue

@@ -37,10 +37,12 @@ def test_a_timer_moved_later_or_earlier_fires_once_there():
 
 
 def test_a_moved_timer_orders_among_same_instant_events_as_a_new_timer():
-    """Moved at 1 to 5, it sorts after the plain timer set at 0 for 5, as a Timeout made at
-    1 would; set at 0 for 5, it sorts before it."""
-    assert run_log([(1.0, 5.0)])[0] == [("plain", 5.0), ("timer", 5.0)]
+    """Moved at 1 to 6 and at 2 back to 5, it sorts after the plain timer set at 0 for 5, as
+    a Timeout made at 2 would; set at 0 for 5, it sorts before it, and setting it again to
+    the instant it is pending at keeps its place."""
+    assert run_log([(1.0, 6.0), (2.0, 5.0)])[0] == [("plain", 5.0), ("timer", 5.0)]
     assert run_log([])[0] == [("timer", 5.0), ("plain", 5.0)]
+    assert run_log([(1.0, 5.0)])[0] == [("timer", 5.0), ("plain", 5.0)]
 
 
 def test_a_past_instant_fires_now_and_a_cancelled_timer_does_nothing():

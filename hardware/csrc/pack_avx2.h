@@ -1,7 +1,7 @@
 // The AVX2 path: block floats from bfloat16, one group (a face row, 16 values) per 256-bit
-// register in 16-bit lanes, the pages of a TT block side by side as on the AVX-512 path.
-// Compiled for its own target; run only where the CPU has AVX2, FMA and F16C
-// (layout_kernel.cpp asks the CPU).
+// register in 16-bit lanes, the pages of a TT block side by side as on the AVX-512 path; from
+// float16 and float32, the portable code compiled for this target. Run only where the CPU
+// has AVX2, FMA and F16C (layout_kernel.cpp asks the CPU).
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The AVX-512 (F, BW, VL) path: block floats from bfloat16, one tile row per vector register,
-// the pages of a TT block side by side. Compiled for its own target; run only where the CPU
-// has those extensions (layout_kernel.cpp asks the CPU).
+// the pages of a TT block side by side; from float16 and float32, the portable code compiled
+// for this target. Run only where the CPU has those extensions (layout_kernel.cpp asks).
 #pragma once
 
 #include <algorithm>

@@ -11,12 +11,6 @@ import shutil
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hardware.serve.profile import Sweep
-    from hardware.serve.profile_measure import Serving
-
 FORMAT = 1
 KEYS = {"prefill": ("batch_tokens", "num_seqs"),
         "decode": ("batch", "context_per_request", "total_context"),
@@ -53,7 +47,10 @@ def to_toml(doc: dict) -> str:
 
 
 def read_toml(path: Path) -> dict:
-    from sim.config import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
     try:
         return tomllib.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -204,16 +201,17 @@ def model_section(config, dtype: str, seed: int | None, source: str | None) -> d
             "dtype": dtype, "seed": seed, "source": source}
 
 
-def decode_block_tokens(sweep: Sweep) -> int:
+def decode_block_tokens(sweep) -> int:
     """Tokens per block of the decode cache measured: TT blocks of 32 tokens (GN), else
     paged blocks as the prefill side's."""
     from hardware.serve.kv_path import TILED
     return 32 if sweep.decode_mechanism() in TILED else PREFILL_BLOCK_TOKENS
 
 
-def header_for(model_dir_source, seed, device, sweep: Sweep, serving: Serving, config,
+def header_for(model_dir_source, seed, device, sweep, serving, config,
                kv_bytes_per_token: int) -> dict:
-    """profile.toml's tables before the measurement ([ranges] is added at the end)."""
+    """profile.toml's tables before the measurement ([ranges] is added at the end), for a
+    ``profile.Sweep`` and the workers' ``profile_measure.Serving``."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         hawk_version = version("hawk-sim")

@@ -143,7 +143,6 @@ class KVServer:
         self.timeout_s = serving.transfer_timeout_s
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, TOKEN_ENV: self.token, "OMP_NUM_THREADS": str(serving.threads),
-               "GLOG_minloglevel": "2",
                "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         cmd = [sys.executable, "-m", "hardware.serve.profile_measure", "--serve-kv",
                "--model", str(model_dir), "--device", device,

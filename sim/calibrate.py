@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -160,24 +161,62 @@ def model(values: dict[str, float], template: str, workdir: str, reduced: bool =
 
 def _serving(workload: str, profile: str, seed: int = 0) -> dict:
     """Reduced sweeps: rates ascend until attainment stays below 90% twice; the knee is
-    interpolated where attainment crosses 90% (None: below it at the lowest rate)."""
+    interpolated where attainment crosses 90% (None: below it at the lowest rate).
+
+    Each configuration's sweep and its run at the knee are kept on disk beside the profile,
+    keyed by what its simulation reads (``_simulation_key``): a vector that changes only
+    power or prices, or only another device's efficiencies, reuses the timeline; power and
+    cost at the knee are always priced under this vector's profile."""
+    import pickle
+
     from sim import paper
     from sim.cluster import simulate
+    from sim.predictor import load_profile_table
 
-    out = {}
+    table, out = load_profile_table(profile), {}
     for name in ("GG-Host", "GN-Host", "GG-Direct", "GN-HAWK"):
         config = paper.serving_config(name, workload, profile).replace(
             **{"workload.num_requests": FIT_REQUESTS[workload]})
-        att, below = [], 0
-        for rate in FIT_RATES[workload]:
-            att.append(simulate(config.replace(**{"workload.rate": rate, "seed": seed})
-                                ).summary["slo_attainment"])
-            below = below + 1 if att[-1] < 0.9 else 0
-            if below == 2:
-                break
-        knee = interpolated_knee(FIT_RATES[workload][:len(att)], att)
-        out[name] = {"knee_rate": knee, "at_knee": paper.at_rate(config, knee, [seed])}
+        memo = Path(profile).parent / f"sweep_{_simulation_key(config, table, seed)}.pkl"
+        if memo.exists():
+            knee, stats, summary = pickle.loads(memo.read_bytes())
+        else:
+            att, below = [], 0
+            for rate in FIT_RATES[workload]:
+                att.append(simulate(config.replace(**{"workload.rate": rate, "seed": seed})
+                                    ).summary["slo_attainment"])
+                below = below + 1 if att[-1] < 0.9 else 0
+                if below == 2:
+                    break
+            knee = interpolated_knee(FIT_RATES[workload][:len(att)], att)
+            stats = summary = None
+            if math.isfinite(knee):
+                run = simulate(config.replace(**{"workload.rate": knee, "seed": seed}))
+                stats, summary = run.stats, run.summary
+            partial = memo.with_suffix(f".{os.getpid()}.part")     # whole files only
+            partial.write_bytes(pickle.dumps((knee, stats, summary)))
+            os.replace(partial, memo)
+        at_knee = (paper.run_efficiency(stats, summary, config, table)
+                   if summary is not None else None)
+        out[name] = {"knee_rate": knee, "at_knee": at_knee}
     return out
+
+
+def _simulation_key(config, table: dict, seed: int) -> str:
+    """What a fit sweep's timeline depends on: the configuration, the seed, the fit's
+    settings and the profile's tables the simulator reads ([kv], [serving], [transfer] and
+    the efficiencies of the two instances' devices; not [power], [price] or [cost], which
+    only price a finished run)."""
+    import json
+
+    cl = config.cluster
+    eff = table.get("efficiency", {})
+    relevant = {"config": repr(config), "seed": seed, "requests": FIT_REQUESTS,
+                "rates": FIT_RATES, "kv": table.get("kv"), "serving": table.get("serving"),
+                "transfer": table.get("transfer"),
+                "efficiency": {d: eff.get(d) for d in (cl.prefill.device, cl.decode.device)}}
+    text = json.dumps(relevant, sort_keys=True, default=str).replace(cl.profile, "<profile>")
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
 def interpolated_knee(rates, attainment, target: float = 0.9) -> float:
@@ -203,6 +242,7 @@ class Fit:
     num_evaluations: int               # the full fit's model evaluations
     cost: float
     loo_evaluations: dict[str, int] = field(default_factory=dict)  # each refit's new ones
+    loo_moves: dict[str, float] = field(default_factory=dict)  # how far each refit moved
 
 
 class _Objective:
@@ -259,17 +299,33 @@ def _map(function, items: list, workers: int) -> list:
 
 
 def _least_squares(obj: _Objective, u0: np.ndarray, max_nfev: int):
+    """scipy's bounded trust-region least squares, at most ``max_nfev`` residual evaluations
+    (the start counts as one). Once they are spent, scipy still asks for the Jacobian at the
+    last accepted point, only for its stopping test: it gets the previous one, which leaves
+    the result unchanged and saves a Jacobian's evaluations."""
     from scipy.optimize import least_squares
 
-    return least_squares(obj, u0, jac=lambda u: obj.jacobian(u), bounds=(0.0, 1.0),
-                         method="trf", x_scale=1.0, max_nfev=max_nfev, xtol=1e-3, ftol=1e-3)
+    state = {"nfev": 0, "jac": None}
+
+    def fun(u):
+        state["nfev"] += 1
+        return obj(u)
+
+    def jac(u):
+        if state["jac"] is None or state["nfev"] < max_nfev:
+            state["jac"] = obj.jacobian(u)
+        return state["jac"]
+
+    return least_squares(fun, u0, jac=jac, bounds=(0.0, 1.0), method="trf", x_scale=1.0,
+                         max_nfev=max_nfev, xtol=1e-3, ftol=1e-3)
 
 
 def fit(params, targets, evaluate: Callable[[dict], dict], start: dict | None = None,
         max_nfev: int = 12, workers: int = 1, loo: bool = True,
-        loo_nfev: int = LOO_NFEV) -> Fit:
+        loo_nfev: int = LOO_NFEV, on_fit: Callable[[dict], None] | None = None) -> Fit:
     """Least squares from ``start`` (default: each parameter's ``start``) within bounds; then,
-    with ``loo``, every target's leave-one-out refit (``leave_one_out``)."""
+    with ``loo``, every target's leave-one-out refit (``leave_one_out``). ``on_fit`` is called
+    with the fitted values before the refits start."""
     if len(params) >= len(targets):
         raise ValueError(f"{len(params)} free parameters for {len(targets)} targets: a fit "
                          f"needs clearly fewer parameters than targets")
@@ -278,10 +334,12 @@ def fit(params, targets, evaluate: Callable[[dict], dict], start: dict | None = 
     best = obj.outputs([res.x])[0]
     r = obj.residuals(best)
     num_evaluations = len(obj.cache)
-    loo_values, loo_evals = {}, {}
+    if on_fit is not None:
+        on_fit(obj.values(res.x))
+    loo_values, loo_evals, loo_moves = {}, {}, {}
     if loo:
         obj.jacobian(res.x)          # every refit starts here: its first Jacobian is shared
-        loo_values, loo_evals = leave_one_out(obj, res.x, loo_nfev)
+        loo_values, loo_evals, loo_moves = leave_one_out(obj, res.x, loo_nfev)
     return Fit(values=obj.values(res.x),
                predicted={t.name: best.get(t.name) for t in targets},
                residuals={t.name: float(x) for t, x in zip(targets, r)},
@@ -289,29 +347,31 @@ def fit(params, targets, evaluate: Callable[[dict], dict], start: dict | None = 
                loo_residuals={t.name: residual(t, loo_values.get(t.name)) for t in targets
                               if t.name in loo_values},
                num_evaluations=num_evaluations, cost=float(0.5 * r @ r),
-               loo_evaluations=loo_evals)
+               loo_evaluations=loo_evals, loo_moves=loo_moves)
 
 
-def leave_one_out(obj: _Objective, u: np.ndarray,
-                  max_nfev: int = LOO_NFEV) -> tuple[dict[str, float], dict[str, int]]:
+def leave_one_out(obj: _Objective, u: np.ndarray, max_nfev: int = LOO_NFEV
+                  ) -> tuple[dict[str, float], dict[str, int], dict[str, float]]:
     """Each target's value from a refit without it: ``least_squares`` on the other targets,
     from the full fit's optimum ``u`` (the full fit's evaluations shared as a cache), at most
     ``max_nfev`` function evaluations; refits in parallel over targets with ``obj.workers``.
-    Returns the values and each refit's number of new model evaluations."""
+    Returns the values, each refit's number of new model evaluations, and how far it moved
+    (the largest change of a parameter, as a share of its log-scaled range; 0: no step the
+    refit tried lowered the other targets' residuals, so the prediction is the fit's)."""
     jobs = [(obj.params, obj.targets, i, obj.evaluate, u, obj.cache, max_nfev)
             for i in range(len(obj.targets))]
     done = _map(_refit_without, jobs, obj.workers)
     names = [t.name for t in obj.targets]
-    return ({n: value for n, (value, _) in zip(names, done)},
-            {n: count for n, (_, count) in zip(names, done)})
+    return ({n: d[0] for n, d in zip(names, done)}, {n: d[1] for n, d in zip(names, done)},
+            {n: d[2] for n, d in zip(names, done)})
 
 
-def _refit_without(job) -> tuple[float | None, int]:
+def _refit_without(job) -> tuple[float | None, int, float]:
     params, targets, i, evaluate, u, cache, max_nfev = job
     obj = _Objective(params, [t for k, t in enumerate(targets) if k != i], evaluate, 1, cache)
     res = _least_squares(obj, u, max_nfev)
     value = obj.outputs([res.x])[0].get(targets[i].name)
-    return value, len(obj.cache) - len(cache)
+    return value, len(obj.cache) - len(cache), float(np.max(np.abs(res.x - u)))
 
 
 def noise(values: dict[str, float], evaluate: Callable[..., dict], targets,
@@ -337,8 +397,12 @@ def _seeded(evaluate, values, seed):
 
 # -- the command --------------------------------------------------------------------------
 def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
-              workers: int = 2, write: bool = True, loo_nfev: int = LOO_NFEV) -> dict:
-    """Fit ``PARAMETERS`` to the named target set; write the profile and its fit record."""
+              workers: int = 2, write: bool = True, loo_nfev: int = LOO_NFEV,
+              cache_dir: str | None = None) -> dict:
+    """Fit ``PARAMETERS`` to the named target set; write the profile as soon as it is fitted,
+    and its record once the leave-one-out refits and the noise are in. ``cache_dir``: keep
+    the fit's profiles and sweeps there, for a later run to reuse (default: a temporary
+    folder)."""
     if targets != "paper":
         raise ValueError(f"--targets {targets!r}: the one target set is 'paper'")
     import functools
@@ -346,22 +410,30 @@ def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
 
     template = (PROFILE_DIR / f"{profile}.toml").read_text()
     tlist = paper_targets()
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hawk-fit-") as workdir:
+    clock = [time.monotonic()]
+
+    def write_profile(values: dict[str, float]) -> None:
+        clock.append(time.monotonic())
+        if write:
+            (PROFILE_DIR / f"{profile}.toml").write_text(render(template, with_derived(values)))
+
+    with tempfile.TemporaryDirectory(prefix="hawk-fit-") as scratch:
+        workdir = cache_dir or scratch
+        Path(workdir).mkdir(parents=True, exist_ok=True)
         evaluate = functools.partial(model, template=template, workdir=workdir)
         result = fit(PARAMETERS, tlist, evaluate, max_nfev=max_nfev, workers=workers,
-                     loo_nfev=loo_nfev)
-        fitted = time.monotonic()
+                     loo_nfev=loo_nfev, on_fit=write_profile)
+        clock.append(time.monotonic())
         spread = noise(result.values, evaluate, tlist, workers=workers)
+        clock.append(time.monotonic())
     settings = {"max_nfev": max_nfev, "loo_nfev": loo_nfev, "fit_requests": dict(FIT_REQUESTS),
                 "noise_seeds": list(NOISE_SEEDS)}
     record = fit_record(result, tlist, PARAMETERS, spread, settings)
     if write:
-        (PROFILE_DIR / f"{profile}.toml").write_text(render(template,
-                                                            with_derived(result.values)))
         (PROFILE_DIR / f"{profile}_fit.toml").write_text(to_toml(record))
     # not in the written record (same fit, same bytes): the command prints them
-    record["wall_s"] = {"fit_and_loo": fitted - started, "noise": time.monotonic() - fitted}
+    record["wall_s"] = {"fit": clock[1] - clock[0], "loo": clock[2] - clock[1],
+                        "noise": clock[3] - clock[2]}
     return record
 
 
@@ -375,6 +447,7 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int, default=2,
                    help="parallel model evaluations (Jacobian columns, refits, seeds)")
     p.add_argument("--dry-run", action="store_true", help="fit and report; write nothing")
+    p.add_argument("--cache-dir", help="keep the fit's simulations here, for a later run")
     p.set_defaults(func=_handler)
 
 
@@ -387,11 +460,12 @@ def _handler(args) -> int:
                 raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: "
                                  f"must be at least 1")
         record = calibrate(args.targets, max_nfev=args.max_evaluations, workers=args.workers,
-                           write=not args.dry_run, loo_nfev=args.loo_evaluations)
+                           write=not args.dry_run, loo_nfev=args.loo_evaluations,
+                           cache_dir=args.cache_dir)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     print(report_lines(record))
     wall = record["wall_s"]
-    print(f"\nwall time: fit and leave-one-out {wall['fit_and_loo']:.0f} s, "
+    print(f"\nwall time: fit {wall['fit']:.0f} s, leave-one-out refits {wall['loo']:.0f} s, "
           f"noise over seeds {wall['noise']:.0f} s")
     return 0

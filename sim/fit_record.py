@@ -3,7 +3,9 @@ its printed report.
 
 One table per free parameter (start, bounds, fitted value) and per target: the paper's value,
 the fit's value and residual (miss / tolerance), the leave-one-out value (from a refit that
-did not see the target), its error and residual, and the target's noise (standard deviation
+did not see the target), its error and residual, how far that refit moved the parameters
+(``loo_move``: the largest change as a share of a parameter's log-scaled range; 0 means no
+step it tried did better without the target, so the fit's value stands), and the target's noise (standard deviation
 over seeds at the fit: what one seed's value may be off by). Errors are relative for ratios
 (value / paper - 1) and absolute for knees (req/s) and throughput gaps (points).
 """
@@ -43,6 +45,7 @@ def fit_record(result, targets, params, noise: dict[str, float], settings: dict)
                              "loo_value": result.loo.get(t.name),
                              "loo_error": error(t.kind, result.loo.get(t.name), t.paper),
                              "loo_residual": result.loo_residuals.get(t.name),
+                             "loo_move": result.loo_moves.get(t.name),
                              "noise": noise.get(t.name)}
                     for t in targets},
     }
@@ -102,11 +105,12 @@ def report_lines(record: dict) -> str:
     rows += ["", "residual = miss / tolerance (1: just missed); LOO: from a refit without the "
              "target; noise: std over seeds at the fit", "",
              f"{'target':55s} {'paper':>7s} {'fit':>7s} {'resid':>6s} {'LOO':>7s} "
-             f"{'LOO err':>8s} {'LOO res':>7s} {'noise':>7s}"]
+             f"{'LOO err':>8s} {'LOO res':>7s} {'moved':>6s} {'noise':>7s}"]
     for name, t in record["targets"].items():
         lr, le = t.get("loo_residual"), t.get("loo_error")
         rows.append(f"{name:55s} {_fmt(t['paper']):>7s} {_fmt(t.get('fit_value')):>7s} "
                     f"{t['residual']:+6.2f} {_fmt(t.get('loo_value')):>7s} "
                     f"{'' if le is None else f'{le:+8.3f}':>8s} "
-                    f"{'' if lr is None else f'{lr:+7.2f}':>7s} {_fmt(t.get('noise')):>7s}")
+                    f"{'' if lr is None else f'{lr:+7.2f}':>7s} {_fmt(t.get('loo_move')):>6s} "
+                    f"{_fmt(t.get('noise')):>7s}")
     return "\n".join(rows)

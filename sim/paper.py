@@ -69,6 +69,7 @@ def base_config(name: str, workload: str = "chatbot", profile: str = PROFILE) ->
         "cluster.prefill.weight_format": "bfloat16",
         "cluster.prefill.max_batch_size": s["prefill_max_batch_size"],
         "cluster.prefill.max_batch_tokens": s["prefill_max_batch_tokens"],
+        "cluster.policies.prefill_batching": s["prefill_batching"],
         "cluster.decode.device": device, "cluster.decode.tp": s["tp"],
         "cluster.decode.kv_dtype": kv["npu_kv_dtype"] if npu else kv["gpu_kv_dtype"],
         "cluster.decode.block_size": s["npu_block_size"] if npu else s["prefill_block_size"],
@@ -169,20 +170,25 @@ def at_rate(config: RunConfig, rate: float, seeds) -> dict | None:
 
     if rate is None or math.isnan(rate):
         return None
-    rows = []
     profile = load_profile_table(config.cluster.profile)
+    rows = []
     for seed in seeds:
         run = simulate(config.replace(**{"workload.rate": rate, "seed": seed}))
-        energy = power_mod.run_energy(run.stats, run.summary, config, profile)
-        money = cost_mod.run_cost(run.stats, run.summary, config, profile)
-        rows.append({"output_tokens_per_s": run.summary["output_tokens_per_s"],
-                     "average_power_w": energy["average_power_w"],
-                     "tokens_per_joule": energy["tokens_per_joule"],
-                     "tokens_per_s_per_dollar": money["tokens_per_s_per_dollar"],
-                     "usd_per_request": money["usd_per_request"],
-                     "prefill_utilisation": energy["prefill_utilisation"][0],
-                     "decode_utilisation": energy["decode_utilisation"][0]})
+        rows.append(run_efficiency(run.stats, run.summary, config, profile))
     return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+
+
+def run_efficiency(stats: dict, summary: dict, config: RunConfig, profile: dict) -> dict:
+    """Output throughput, power and cost of one finished run under the ``profile`` tables."""
+    energy = power_mod.run_energy(stats, summary, config, profile)
+    money = cost_mod.run_cost(stats, summary, config, profile)
+    return {"output_tokens_per_s": summary["output_tokens_per_s"],
+            "average_power_w": energy["average_power_w"],
+            "tokens_per_joule": energy["tokens_per_joule"],
+            "tokens_per_s_per_dollar": money["tokens_per_s_per_dollar"],
+            "usd_per_request": money["usd_per_request"],
+            "prefill_utilisation": energy["prefill_utilisation"][0],
+            "decode_utilisation": energy["decode_utilisation"][0]}
 
 
 def efficiency(results: dict) -> dict:
@@ -220,20 +226,37 @@ def run_paper(quick: bool = False, workers: int | None = None, profile: str = PR
 
 
 def fit_summary(result: dict, profile: str = PROFILE) -> dict:
-    """The fit behind the profile (``hawk calibrate``'s record) beside this run: the number of
-    free parameters and of targets, each target's residual here (scaled by its tolerance) and
-    its leave-one-out value and residual from the record. Empty without a record."""
+    """The fit behind the profile (``hawk calibrate``'s record) beside this run.
+
+    ``free_parameters``, ``num_targets``; ``residuals``: each target's miss here, scaled by its
+    tolerance; ``loo``: each target's value from a refit that did not see it, its error and
+    residual (from the record); ``fit``: one row per target with all of these and the fit's
+    own value and noise. Each fitted check gains ``loo_value`` and ``loo_holds``: whether the
+    prediction of a fit without that target holds it too (a check holds honestly only then).
+    Empty without a record."""
     from sim.paper_checks import Target, load_fit_record, residual, target_values
 
     record = load_fit_record(profile) if not profile.endswith(".toml") else None
     if record is None:
-        return {"free_parameters": None, "num_targets": None, "residuals": {}, "loo": {}}
+        return {"free_parameters": None, "num_targets": None, "residuals": {}, "loo": {},
+                "fit": []}
     ours = {what: value for _, what, value, _ in target_values(result)}
-    residuals, loo = {}, {}
+    residuals, loo, rows = {}, {}, []
     for name, t in record["targets"].items():
         target = Target(name, t["kind"], t["paper"])
         residuals[name] = residual(target, ours.get(name))
-        loo[name] = {"value": t.get("loo_value"), "residual": t.get("loo_residual")}
+        loo[name] = {"value": t.get("loo_value"), "error": t.get("loo_error"),
+                     "residual": t.get("loo_residual")}
+        rows.append({"target": name, "kind": t["kind"], "paper": t["paper"],
+                     "ours": ours.get(name), "residual": residuals[name],
+                     "fit_value": t.get("fit_value"), "fit_residual": t.get("residual"),
+                     "noise": t.get("noise"), "loo_value": t.get("loo_value"),
+                     "loo_error": t.get("loo_error"), "loo_residual": t.get("loo_residual")})
+    for check in result.get("checks", []):
+        if check.get("fitted"):
+            lr = loo.get(check["target"], {}).get("residual")
+            check["loo_value"] = loo.get(check["target"], {}).get("value")
+            check["loo_holds"] = lr is not None and abs(lr) <= 1.0
     return {"free_parameters": record["free_parameters"], "num_targets": record["num_targets"],
             "parameters": record["parameters"], "residuals": residuals, "loo": loo,
-            "fit_method": record["method"]}
+            "fit": rows, "fit_method": record["method"]}

@@ -58,18 +58,25 @@ def handler(args) -> int:
     if result.get("free_parameters"):
         print(f"\nfit: {result['free_parameters']} free parameters for {result['num_targets']} "
               f"targets (hawk calibrate --targets paper); residual = miss / tolerance")
-        print(f"{'target':55s} {'resid':>6s} {'LOO':>9s} {'LOO res':>7s}")
-        for name, r in result["residuals"].items():
-            loo = result["loo"].get(name, {})
-            lv, lr = loo.get("value"), loo.get("residual")
-            lv_s = "n/a" if lv is None or not math.isfinite(lv) else f"{lv:.4g}"
-            lr_s = "" if lr is None else f"{lr:+7.2f}"
-            print(f"{name:55s} {r:+6.2f} {lv_s:>9s} {lr_s}")
+        print("LOO: the value of a refit that did not see the target (error: relative for "
+              "ratios, req/s for knees, points for gaps); noise: std over seeds at the fit")
+        print(f"{'target':55s} {'resid':>6s} {'LOO':>9s} {'LOO err':>8s} {'LOO res':>7s} "
+              f"{'noise':>7s}")
+        fmt = lambda x: "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
+        for row in result["fit"]:
+            le, lr = row.get("loo_error"), row.get("loo_residual")
+            print(f"{row['target']:55s} {row['residual']:+6.2f} {fmt(row.get('loo_value')):>9s} "
+                  f"{'' if le is None else f'{le:+8.3f}':>8s} "
+                  f"{'' if lr is None else f'{lr:+7.2f}':>7s} {fmt(row.get('noise')):>7s}")
     rows = result["checks"]
-    print(f"\n{sum(r['holds'] for r in rows)} of {len(rows)} claims of the paper's section 6 hold")
+    print(f"\n{sum(r['holds'] for r in rows)} of {len(rows)} claims of the paper's section 6 hold "
+          f"({sum(r['fitted'] for r in rows)} fitted, {sum(not r['fitted'] for r in rows)} "
+          f"predicted)")
     for r in rows:
         if not r["holds"]:
             print(f"  does not hold ({'fitted' if r['fitted'] else 'predicted'}): {r['check']}")
+        elif r["fitted"] and not r.get("loo_holds", True):
+            print(f"  holds as fitted, not when left out of the fit: {r['check']}")
     if args.out is not None:
         print(f"report: {args.out / 'report.md'}")
     return 0

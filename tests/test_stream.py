@@ -63,6 +63,8 @@ SCENARIOS = {
     "preemption": {"cluster.decode.max_num_blocks": 400, "cluster.decode.admission":
                    "on-demand-recompute"},
     "chunked prefill": {"cluster.policies.prefill_batching": "chunked"},
+    "arrivals for a duration": {"workload.num_requests": None, "workload.duration_s": 900.0,
+                                "workload.name": "summarization", "workload.rate": 0.3},
 }
 
 

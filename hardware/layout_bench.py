@@ -173,11 +173,13 @@ def run(tokens: int = 4096, device: str = "cpu", repeats: int = 5, tp: int = 4,
         threads=None, paths=(None,)) -> dict:
     """Write counts for the full 80-layer request; throughput over ``bench_layers`` layers at
     each thread count in ``threads`` (an int, a list, or None: torch's own) and each kernel
-    path in ``paths`` (None: the fastest; refused by name where the CPU lacks one)."""
+    path in ``paths`` (None: the one ``HAWK_TRANSFORM_PATH`` forces, else the fastest; refused
+    by name where the CPU lacks one)."""
     import torch
     from hardware import layout_kernel
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but torch.cuda is not available")
+    paths = [path or layout_kernel.forced_path() for path in paths]
     for path in paths:
         if path is not None:
             layout_kernel.check_path(path)

@@ -69,3 +69,17 @@ def test_layout_bench_refuses_a_path_by_name():
     for path in (p for p in layout_kernel.PATHS if p not in layout_kernel.supported_paths()):
         with pytest.raises(ValueError, match=f"'{path}': this CPU lacks its instructions"):
             layout_bench.run(tokens=64, repeats=1, bench_layers=1, paths=[path])
+
+
+def test_layout_bench_takes_the_path_the_environment_forces(monkeypatch):
+    pytest.importorskip("torch")
+    from hardware import layout_bench, layout_kernel
+    if not layout_kernel.available():
+        pytest.skip("no kernel here")
+    monkeypatch.setenv(layout_kernel.PATH_VAR, "portable")
+    result = layout_bench.run(tokens=64, repeats=1, bench_layers=1, tp=8, dram="wormhole",
+                              dtypes=("bfloat8_b",))
+    assert [r["kernel_path"] for r in result["throughput"]] == ["portable"]
+    monkeypatch.setenv(layout_kernel.PATH_VAR, "avx3")
+    with pytest.raises(ValueError, match="HAWK_TRANSFORM_PATH='avx3'"):
+        layout_bench.run(tokens=64, repeats=1, bench_layers=1, dtypes=("bfloat8_b",))

@@ -8,7 +8,8 @@ requests, at a light load and near the knee, and how far apart they are (``sim.v
 2. Loads: each is a mean arrival rate; the trace's arrival instants are divided by one factor
    to reach it (its burstiness kept). ``knee`` = ``KNEE_SHARE`` of the simulator's own knee on
    this profile and trace (the highest rate with SLO attainment >= 90%, found by doubling then
-   bisection); ``light`` = ``LIGHT_SHARE`` of that knee; or rates in req/s.
+   bisection, on the requests repeated to ``KNEE_REQUESTS``: a steady state); ``light`` =
+   ``LIGHT_SHARE`` of that knee; or rates in req/s.
 3. SLOs (the same for both sides): unless given, ``TTFT_SLO_X`` x and ``TPOT_SLO_X`` x the
    TTFT and TPOT the simulator predicts for the trace's longest prompt served alone on this
    profile: a latency budget that queueing near the knee eats into.
@@ -27,6 +28,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from sim import validate as val
 from traces.jsonout import dumps, writable_dir, writable_file
 from traces.trace import Trace
@@ -36,6 +39,8 @@ LIGHT_SHARE = 0.25
 TTFT_SLO_X = 5.0
 TPOT_SLO_X = 5.0
 KNEE_TARGET = 0.9
+#: requests the knee is searched on (the trace repeated, ``Requests.repeated``)
+KNEE_REQUESTS = 400
 #: requests a fresh cluster serves before the measured ones (the profile excludes warm-up too)
 WARMUP_REQUESTS = 4
 
@@ -62,6 +67,17 @@ class Requests:
         factor = self.base_rate / rate
         return dataclasses.replace(self.trace, arrival_at=self.trace.arrival_at * factor,
                                    name=f"{self.trace.name}@{rate:.4g}/s")
+
+    def repeated(self, num_requests: int) -> "Requests":
+        """The requests over and over, back to back at the same mean rate, until there are at
+        least ``num_requests``: a short trace's steady state, where a knee is defined (a few
+        requests meet any SLO, however fast they come)."""
+        t, k = self.trace, -(-num_requests // len(self.trace))
+        period = float(t.arrival_at[-1]) + 1.0 / self.base_rate
+        arrivals = np.concatenate([t.arrival_at + j * period for j in range(k)])
+        tiled = Trace.from_columns(arrivals, np.tile(t.num_prompt_tokens, k),
+                                   np.tile(t.num_output_tokens, k), name=f"{t.name} x{k}")
+        return dataclasses.replace(self, trace=tiled)
 
 
 # -- the profile and the two sides ------------------------------------------------------------
@@ -284,7 +300,7 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
         slo_source = "given"
     knee = None
     if any(isinstance(i, str) for i in items):
-        knee = find_knee(simulate_fn, requests, *slos)
+        knee = find_knee(simulate_fn, requests.repeated(KNEE_REQUESTS), *slos)
         say(f"simulated knee: {knee:.3g} req/s (attainment >= {KNEE_TARGET:.0%})")
     result = {"profile": str(profile), "mechanism": mechanism, "requests": requests.source,
               "num_requests": len(requests.trace), "length_scale": requests.length_scale,

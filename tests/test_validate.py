@@ -233,7 +233,8 @@ def test_validate_finds_the_knee_runs_both_sides_and_writes_the_paired_records(t
     from traces.metrics import slo_attainment
 
     def attained(rate):
-        return slo_attainment(single_server(requests.at(rate), 0.1), 0.5, 0.05)
+        steady = requests.repeated(vr.KNEE_REQUESTS)         # where the knee is searched
+        return slo_attainment(single_server(steady.at(rate), 0.1), 0.5, 0.05)
     assert attained(knee) >= 0.9 > attained(1.01 * knee)  # the highest rate meeting 90%
     assert [(d["name"], d["rate"]) for d in result["loads"]] == [
         ("light", pytest.approx(vr.LIGHT_SHARE * knee)),
@@ -361,3 +362,14 @@ def test_the_knee_search_says_when_there_is_none():
             vr.resolve_loads(["knee"], knee)
     assert vr.resolve_loads([3.0, "light"], 10.0) == [vr.Load("rate-3", 3.0),
                                                      vr.Load("light", vr.LIGHT_SHARE * 10.0)]
+
+
+def test_the_knee_is_searched_on_the_requests_repeated_at_the_same_rate():
+    requests = vr.load_requests(None, "chatbot", 8, 512)
+    many = requests.repeated(30)
+    t, r = many.trace, requests.trace
+    assert len(t) == 32 and np.array_equal(t.num_prompt_tokens[8:16], r.num_prompt_tokens)
+    np.testing.assert_allclose(t.arrival_at[8:16] - t.arrival_at[:8], r.arrival_at[-1] + 1.0)
+    # eight requests meet the SLOs at any rate; thirty-two back to back on one server do not
+    assert vr.find_knee(lambda t, a, b: single_server(t, 0.1), requests, 1.0, 1.0) == math.inf
+    assert vr.find_knee(lambda t, a, b: single_server(t, 0.1), many, 1.0, 1.0) < 20

@@ -7,13 +7,15 @@ request id (``sim.cells``). Each worker count runs in a fresh interpreter, one a
 in this same invocation, and reports its wall time (trace, cells, merge and summary: the whole
 ``simulate_cells``), its peak resident memory and that of its largest worker process. The
 speed-up is the 1-worker wall time over the N-worker one, measured here, on this machine's
-load. ``--num-requests 10000000`` is the issue's size (minutes); the default is smaller.
+load: beside it each run's CPU seconds (its own and its workers'), since on a machine busy
+with other work the speed-up is capped by the CPU share the run gets. ``--num-requests 10000000`` is the issue's size (minutes); the default is smaller.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -33,13 +35,18 @@ def run_once(num_requests: int, cells: int, workers: int, rate_per_cell: float,
                                     "workload.rate": rate_per_cell * cells, "seed": seed})
     result = simulate_cells(config, workers=workers)
     kb = 1024
+    mine, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                          resource.RUSAGE_CHILDREN))
     return {"workers": workers, "num_requests": result.summary["num_requests"],
             "wall_time_s": result.timing["wall_time_s"],
+            # CPU seconds of this process and its workers: on a machine busy with other work
+            # the wall-time speed-up is capped by the CPU share the run gets
+            "cpu_s": mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime,
             **{k: result.timing[k] for k in ("split_s", "cells_s", "merge_s", "summary_s")},
             "cells_cpu_s": sum(result.timing["cell_wall_time_s"]),
-            "parent_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kb / 1e6,
-            "worker_peak_rss_mb": resource.getrusage(
-                resource.RUSAGE_CHILDREN).ru_maxrss * kb / 1e6,
+            "parent_peak_rss_mb": mine.ru_maxrss * kb / 1e6,
+            # a forked worker's resident set counts the pages it shares with the parent
+            "worker_peak_rss_mb": children.ru_maxrss * kb / 1e6,
             "slo_attainment": result.summary["slo_attainment"]}
 
 
@@ -77,10 +84,11 @@ def _same_package_env() -> dict:
 def format_report(report: dict) -> str:
     lines = [f"{report['num_requests']:,} requests over {report['cells']} cells "
              f"({report['rate_per_cell']:g} req/s per cell)",
-             f"  {'workers':>7} {'wall s':>9} {'speed-up':>8} {'parent MB':>10} "
+             f"  {'workers':>7} {'wall s':>9} {'speed-up':>8} {'CPU s':>8} {'parent MB':>10} "
              f"{'worker MB':>10} {'attainment':>10}"]
     for r in report["runs"]:
         lines.append(f"  {r['workers']:>7} {r['wall_time_s']:>9.1f} {r['speedup']:>7.2f}x "
+                     f"{r.get('cpu_s', math.nan):>8.1f} "
                      f"{r['parent_peak_rss_mb']:>10.0f} {r['worker_peak_rss_mb']:>10.0f} "
                      f"{100 * r['slo_attainment']:>9.1f}%")
     return "\n".join(lines)

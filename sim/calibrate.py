@@ -48,7 +48,7 @@ FIT_REQUESTS = {"chatbot": 1500, "summarization": 1500}   # as hawk paper: short
                                                            # knees too high (queues build slowly)
 FIT_RATES = {"chatbot": [round(0.2 + 0.1 * k, 2) for k in range(19)],         # 0.2..2.0
              "summarization": [round(0.2 + 0.1 * k, 2) for k in range(14)]}    # 0.2..1.5
-LOO_NFEV = 3         # each left-out refit: function evaluations from the full fit's optimum
+LOO_NFEV = 5         # each left-out refit: function evaluations from the full fit's optimum
 NOISE_SEEDS = (0, 1, 2, 3, 4)   # the fitted profile's serving targets over these seeds
 
 

@@ -269,6 +269,9 @@ def test_committed_profile_is_the_fit_output():
         assert {"paper", "residual", "loo_value", "loo_error", "loo_residual",
                 "noise"} <= set(t), name
     assert record["loo_evaluations"] > 0 and "warm-started" in record["method"]
+    from sim.calibrate import FIT_REQUESTS, LOO_NFEV    # the default command's output
+    assert record["settings"]["loo_nfev"] == LOO_NFEV
+    assert record["settings"]["fit_requests"] == FIT_REQUESTS
 
 
 def test_paper_json_reports_the_fit(result):

@@ -56,6 +56,10 @@ class DecodeInstance(DecodeFaults):
         self.max_batch_size = max_batch_size
         self.host_slowdown = host_slowdown
         self.fast_forward = fast_forward
+        # The engine pads every request to the batch's longest context: a step costs
+        # batch x the longest (sim.predictor.BATCH_PADDINGS), a total that also grows by
+        # batch per step, so a run's closed form still holds until membership changes.
+        self._padded = getattr(predictor, "batch_padding", "none") == "longest"
         self.host = HostQueue()           # this node's host CPU and PCIe root (sim.link)
         self.pending: deque = deque()     # (request, prefill instance) awaiting memory
         self.waiting: deque[int] = deque()  # KV in the pool, waiting for a batch slot
@@ -415,6 +419,10 @@ class DecodeInstance(DecodeFaults):
                     steps, slack = kv.steps_fitting(it, steps), 0
                 self._slack = slack
             context = self._context_base + batch * it
+            if self._padded:              # a request's context is its offset + it, where
+                ledger = self.ledger      # offset = prompt + output - finish iteration
+                context = batch * (it + max([ledger.prompt[i] + ledger.output[i] - f
+                                             for f, i in running]))
             self._plan = (at, batch, context, steps, factor)
             end = at + factor * self.predictor.decode_time(batch, context, steps)
             self._timer_steps, self._end = steps, end

@@ -91,9 +91,20 @@ def load_profile(name: str = "paper") -> dict[str, Efficiency]:
             for key, value in table.items()}
 
 
+#: How an engine lays out a batch: ``none``, each sequence costs its own tokens (a batch is
+#: priced by its summed prompt tokens, a decode step by its total context); ``longest``, every
+#: sequence is padded to the batch's longest (a prefill batch costs num_seqs x its longest
+#: prompt, a decode step batch x its longest context: the real workers' batched model).
+BATCH_PADDINGS = ("none", "longest")
+
+
 class Predictor:
     """Interface. Subclasses give ``prefill_time`` and ``decode_step_time``; the decode sums
-    default to a vectorised cumulative sum over ``decode_step_times``."""
+    default to a vectorised cumulative sum over ``decode_step_times``. ``batch_padding``
+    (``BATCH_PADDINGS``) tells the decode instance what total context to ask a step for: the
+    summed one, or batch x the longest (that total also grows by ``batch`` per step)."""
+
+    batch_padding = "none"
 
     def prefill_time(self, prompt_lens: Sequence[int]) -> float:
         raise NotImplementedError
@@ -301,9 +312,13 @@ class TablePredictor(Predictor):
     Both are extrapolated linearly by their end segments. On a regular grid this is the
     bilinear interpolation of the grid. ``seen`` keeps the span of every axis the run asked
     for, so ``extrapolated()`` can say where a run left the measured ranges.
+    With ``batch_padding = "longest"`` (the measured engine pads), a prefill batch is looked
+    up at num_seqs x its longest prompt; the decode instance asks for batch x the longest
+    context itself (``decode_step_times`` takes the total it is given).
     """
 
-    def __init__(self, prefill_tokens, prefill_s, decode_batches, decode_contexts, decode_s):
+    def __init__(self, prefill_tokens, prefill_s, decode_batches, decode_contexts, decode_s,
+                 batch_padding: str = "none"):
         grid = np.asarray(decode_s, dtype=np.float64)
         batches = np.asarray(decode_batches, dtype=np.float64)
         contexts = np.asarray(decode_contexts, dtype=np.float64)
@@ -316,20 +331,24 @@ class TablePredictor(Predictor):
         if len(contexts) < 1 or np.any(np.diff(contexts) <= 0):
             raise ValueError("decode_contexts must hold strictly increasing points")
         self._init({1.0: (tokens, np.asarray(prefill_s, dtype=np.float64))},
-                   {float(b): (contexts, row) for b, row in zip(batches, grid)})
+                   {float(b): (contexts, row) for b, row in zip(batches, grid)}, batch_padding)
 
     @classmethod
-    def from_points(cls, prefill: np.ndarray, decode: np.ndarray) -> "TablePredictor":
+    def from_points(cls, prefill: np.ndarray, decode: np.ndarray,
+                    batch_padding: str = "none") -> "TablePredictor":
         """From measured rows: ``prefill`` [n, 3] of (num_seqs, batch_tokens, seconds),
         ``decode`` [m, 3] of (batch, total_context, seconds), in any order."""
         self = cls.__new__(cls)
         self._init(_groups(np.asarray(prefill, dtype=np.float64), "prefill num_seqs",
                            "batch_tokens"),
                    _groups(np.asarray(decode, dtype=np.float64), "decode batch",
-                           "total_context"))
+                           "total_context"), batch_padding)
         return self
 
-    def _init(self, prefill: dict, decode: dict) -> None:
+    def _init(self, prefill: dict, decode: dict, batch_padding: str) -> None:
+        if batch_padding not in BATCH_PADDINGS:
+            raise ValueError(f"batch_padding {batch_padding!r}: one of {BATCH_PADDINGS}")
+        self.batch_padding = batch_padding
         self._prefill, self._decode = _Lines(prefill), _Lines(decode)
         self.ranges = {"prefill_num_seqs": self._prefill.group_range,
                        "prefill_batch_tokens": self._prefill.x_range,
@@ -355,7 +374,8 @@ class TablePredictor(Predictor):
         return out
 
     def prefill_time(self, prompt_lens: Sequence[int]) -> float:
-        x, n = float(sum(prompt_lens)), float(len(prompt_lens))
+        n = float(len(prompt_lens))
+        x = n * max(prompt_lens) if self.batch_padding == "longest" else float(sum(prompt_lens))
         self._see("prefill_batch_tokens", x, x)
         self._see("prefill_num_seqs", n, n)
         return float(self._prefill(n, np.array([x]))[0])

@@ -88,11 +88,13 @@ class MeasuredProfile:
             return chosen
         return "GN-HAWK" if "GN-HAWK" in self.transfer else sorted(self.transfer)[0]
 
-    def predictor(self):
-        """A fresh ``TablePredictor`` of prefill.csv and decode.csv (its ``seen`` is per run)."""
+    def predictor(self, batch_padding: str | None = None):
+        """A fresh ``TablePredictor`` of prefill.csv and decode.csv (its ``seen`` is per run),
+        pricing batches as [serving] batch_padding says unless ``batch_padding`` is given."""
         from sim.predictor import TablePredictor
 
-        return TablePredictor.from_points(self.prefill, self.decode)
+        return TablePredictor.from_points(self.prefill, self.decode,
+                                          batch_padding or self.serving["batch_padding"])
 
 
 def is_profile_dir(name) -> bool:
@@ -219,6 +221,13 @@ def _model_and_serving(doc: dict, where: str):
         raise ProfileDirError(f"{where}: [serving] decode_mechanism = {decode_mechanism!r} "
                               f"must be one of {sorted(MECHANISMS)}")
     serving["decode_mechanism"] = decode_mechanism
+    from sim.predictor import BATCH_PADDINGS
+
+    padding = s.get("batch_padding", "none")      # "none": older profiles, catalog devices
+    if padding not in BATCH_PADDINGS:
+        raise ProfileDirError(f"{where}: [serving] batch_padding = {padding!r} must be one of "
+                              f"{list(BATCH_PADDINGS)}")
+    serving["batch_padding"] = padding
     kv_dtype = s.get("kv_dtype")
     if kv_dtype not in DTYPE_BYTES:
         raise ProfileDirError(f"{where}: [serving] kv_dtype = {kv_dtype!r} must be one of "

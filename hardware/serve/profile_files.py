@@ -18,6 +18,9 @@ KEYS = {"prefill": ("batch_tokens", "num_seqs"),
 STATS = ("seconds_p50", "seconds_p10", "seconds_p90", "repeats")
 COMPARED_MACHINE = ("cpu", "cores", "threads", "torch", "device")
 PREFILL_BLOCK_TOKENS = 16          # the prefill worker's paged cache (PrefillEngine's default)
+#: the workers' batched model pads every sequence to the batch's longest (prompt in prefill,
+#: block table in decode), so a batch costs num_seqs x its longest: [serving] batch_padding
+BATCH_PADDING = "longest"
 # the catalog devices a worker stands for (as hawk real run's power estimate prices them)
 STANDS_FOR = {"prefill": "a100-pcie", "decode": "p150a"}
 
@@ -228,6 +231,8 @@ def header_for(model_dir_source, seed, device, sweep, serving, config,
                     "prefill_block_tokens": PREFILL_BLOCK_TOKENS,
                     "decode_mechanism": sweep.decode_mechanism(),
                     "mechanisms": list(sweep.mechanisms),
-                    "kv_bytes_per_token": kv_bytes_per_token},
+                    "kv_bytes_per_token": kv_bytes_per_token,
+                    # hardware.model.cache.block_batch pads each batch to its longest sequence
+                    "batch_padding": BATCH_PADDING},
         "sweep": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(sweep).items()},
     }

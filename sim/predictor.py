@@ -349,6 +349,7 @@ class TablePredictor(Predictor):
         if batch_padding not in BATCH_PADDINGS:
             raise ValueError(f"batch_padding {batch_padding!r}: one of {BATCH_PADDINGS}")
         self.batch_padding = batch_padding
+        self.prefill_factor = self.decode_factor = 1.0
         self._prefill, self._decode = _Lines(prefill), _Lines(decode)
         self.ranges = {"prefill_num_seqs": self._prefill.group_range,
                        "prefill_batch_tokens": self._prefill.x_range,
@@ -373,19 +374,37 @@ class TablePredictor(Predictor):
                 out[axis] = {"measured": [mlow, mhigh], "used": [low, high]}
         return out
 
+    def with_loop_factors(self, prefill: float, decode: float) -> "TablePredictor":
+        """Times the serving loop's: every prefill batch ``prefill`` x the table's, every
+        decode step ``decode`` x (a measured profile's loop.csv; 1, 1: the engine alone)."""
+        for name, value in (("prefill", prefill), ("decode", decode)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} loop factor {value!r}: need a number > 0")
+        self.prefill_factor, self.decode_factor = float(prefill), float(decode)
+        return self
+
+    def step_cost(self, phase: str, batch: int, longest: float, total: float) -> float:
+        """The table's time (no loop factor) for one prefill batch or decode step of ``batch``
+        sequences, the longest ``longest`` tokens and all ``total``, padded as the engine
+        pads; nothing is recorded in ``seen``."""
+        x = batch * longest if self.batch_padding == "longest" else total
+        lines = self._prefill if phase == "prefill" else self._decode
+        return float(lines(float(batch), np.array([float(x)]))[0])
+
     def prefill_time(self, prompt_lens: Sequence[int]) -> float:
         n = float(len(prompt_lens))
         x = n * max(prompt_lens) if self.batch_padding == "longest" else float(sum(prompt_lens))
         self._see("prefill_batch_tokens", x, x)
         self._see("prefill_num_seqs", n, n)
-        return float(self._prefill(n, np.array([x]))[0])
+        return self.prefill_factor * float(self._prefill(n, np.array([x]))[0])
 
     def decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:
         contexts = np.asarray(contexts, dtype=np.float64)
         if len(contexts):
             self._see("decode_batch", float(batch), float(batch))
             self._see("decode_total_context", float(contexts.min()), float(contexts.max()))
-        return self._decode(float(batch), contexts)
+        times = self._decode(float(batch), contexts)
+        return times * self.decode_factor if self.decode_factor != 1.0 else times
 
     @classmethod
     def sample(cls, predictor: Predictor, prefill_tokens, decode_batches,

@@ -8,6 +8,8 @@ The directory (docs/profile-dir.md has the whole contract)::
     DIR/prefill.csv    batch_tokens,num_seqs,seconds_p50,seconds_p10,seconds_p90,repeats
     DIR/decode.csv     batch,context_per_request,total_context,seconds_p50,...,repeats
     DIR/transfer.csv   mechanism,bytes,seconds_p50,seconds_p10,seconds_p90,repeats
+    DIR/loop.csv       phase,batch,longest,total,seconds   (optional: steps inside the
+                       serving loop, hardware.serve.profile_loop)
 
 ``load_profile_dir`` reads and checks it (a bad file or field raises ``ProfileDirError`` naming
 the file, the line and the field). ``mirror_settings`` gives the cluster settings that make a
@@ -39,6 +41,7 @@ SECONDS = ("seconds_p50", "seconds_p10", "seconds_p90", "repeats")
 COLUMNS = {"prefill.csv": ("batch_tokens", "num_seqs") + SECONDS,
            "decode.csv": ("batch", "context_per_request", "total_context") + SECONDS,
            "transfer.csv": ("mechanism", "bytes") + SECONDS}
+LOOP_FILE, LOOP_COLUMNS = "loop.csv", ("phase", "batch", "longest", "total", "seconds")
 MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
                 "intermediate_size", "vocab_size", "max_context")
 #: [serving] keys the contract requires, and the optional ones with the real workers' defaults
@@ -70,6 +73,9 @@ class MeasuredProfile:
     decode: np.ndarray              # [m, 3]: batch, total_context, seconds
     transfer: dict = field(default_factory=dict)   # mechanism -> [k, 2]: bytes, seconds
     machine: dict = field(default_factory=dict)
+    #: the serving loop over the tables (loop.csv): {phase: (median ratio, steps)}; 1.0 and 0
+    #: steps where the profile has no session
+    loop: dict = field(default_factory=lambda: {"prefill": (1.0, 0), "decode": (1.0, 0)})
 
     def kv_bytes(self, num_tokens: int) -> float:
         """One request's KV as transfer.csv counts bytes: [serving] kv_bytes_per_token per
@@ -88,13 +94,17 @@ class MeasuredProfile:
             return chosen
         return "GN-HAWK" if "GN-HAWK" in self.transfer else sorted(self.transfer)[0]
 
-    def predictor(self, batch_padding: str | None = None):
+    def predictor(self, batch_padding: str | None = None, loop: bool = True):
         """A fresh ``TablePredictor`` of prefill.csv and decode.csv (its ``seen`` is per run),
-        pricing batches as [serving] batch_padding says unless ``batch_padding`` is given."""
+        pricing batches as [serving] batch_padding says unless ``batch_padding`` is given,
+        and (``loop``) scaled to the serving loop's step costs (``loop``)."""
         from sim.predictor import TablePredictor
 
-        return TablePredictor.from_points(self.prefill, self.decode,
-                                          batch_padding or self.serving["batch_padding"])
+        table = TablePredictor.from_points(self.prefill, self.decode,
+                                           batch_padding or self.serving["batch_padding"])
+        if loop:
+            table.with_loop_factors(self.loop["prefill"][0], self.loop["decode"][0])
+        return table
 
 
 def is_profile_dir(name) -> bool:
@@ -112,7 +122,7 @@ def load_profile_dir(path) -> MeasuredProfile:
     if not root.is_dir():
         raise ProfileDirError(f"{root}: no such profile directory (hawk real profile --out "
                               f"{root} writes one)")
-    stamps = tuple((name, _mtime(root / name)) for name in ("profile.toml", *COLUMNS))
+    stamps = tuple((name, _mtime(root / name)) for name in ("profile.toml", LOOP_FILE, *COLUMNS))
     return _load(str(root), stamps)
 
 
@@ -168,9 +178,10 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
     from sim.predictor import TablePredictor
 
     try:
-        TablePredictor.from_points(prefill, decode)
+        table = TablePredictor.from_points(prefill, decode, serving["batch_padding"])
     except ValueError as exc:
         raise ProfileDirError(f"{base}: {exc}") from None
+    loop = loop_factors(base / LOOP_FILE, table)
     arrays = {}
     for mech, points in transfer.items():
         a = np.array(sorted(points), dtype=np.float64)
@@ -179,7 +190,43 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
                                   f"byte count twice")
         arrays[mech] = a
     return MeasuredProfile(root, complete, stands["prefill"], stands["decode"], model, kv_dtype,
-                           serving, mechanisms, prefill, decode, arrays, dict(machine))
+                           serving, mechanisms, prefill, decode, arrays, dict(machine), loop)
+
+
+def loop_factors(path: Path, table) -> dict:
+    """{phase: (median of seconds / the table's time for that step, steps)} over loop.csv's
+    rows (a missing file: 1.0 and 0 steps); bad rows are named by line and column."""
+    out = {"prefill": [], "decode": []}
+    if path.is_file():
+        try:
+            with path.open(newline="") as f:
+                lines = list(csv.reader(f))
+        except (OSError, UnicodeDecodeError, csv.Error) as exc:
+            raise ProfileDirError(f"{path}: {exc}") from None
+        if not lines or [h.strip() for h in lines[0]] != list(LOOP_COLUMNS):
+            raise ProfileDirError(f"{path}:1: header {lines[0] if lines else None!r}; expected "
+                                  f"{','.join(LOOP_COLUMNS)}")
+        for line, row in enumerate(lines[1:], start=2):
+            if not row:
+                continue
+            if len(row) != len(LOOP_COLUMNS) or row[0] not in out:
+                raise ProfileDirError(f"{path}:{line}: expected {','.join(LOOP_COLUMNS)} with "
+                                      f"phase prefill or decode, got {','.join(row)!r}")
+            values = []
+            for name, text in zip(LOOP_COLUMNS[1:], row[1:]):
+                try:
+                    value = float(text)
+                except ValueError:
+                    value = math.nan
+                if not (math.isfinite(value) and value > 0):
+                    raise ProfileDirError(f"{path}:{line}: {name} = {text!r} must be a number "
+                                          f"> 0")
+                values.append(value)
+            batch, longest, total, seconds = values
+            priced = table.step_cost(row[0], int(batch), longest, total)
+            if priced > 0:
+                out[row[0]].append(seconds / priced)
+    return {phase: (float(np.median(r)) if r else 1.0, len(r)) for phase, r in out.items()}
 
 
 def _section(doc: dict, name: str, where: str) -> dict:
@@ -343,6 +390,10 @@ def describe_ranges(config) -> list[str]:
         note = "; extrapolates" if most > points[-1] else ""
         lines.append(f"transfer_bytes ({mech}): {points[0]:g}..{points[-1]:g} (up to {most:g}: "
                      f"one request at the model's context{note})")
+    for phase, (factor, steps) in profile.loop.items():
+        lines.append(f"serving loop, {phase}: x{factor:.3g} the table (median of {steps} steps "
+                     f"in {LOOP_FILE})" if steps else f"serving loop, {phase}: not measured "
+                     f"(the table's engine time)")
     if not profile.complete:
         lines.append("profile incomplete (complete = false): points are still missing")
     return lines

@@ -288,8 +288,8 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
         config, context = cluster_config(profile, doc, mechanism), context_of(doc)
         real_fn = (lambda trace, ttft, tpot, where: real_records(trace, config, ttft, tpot,
                                                                  context, where, progress))
-    # the tables the simulator reads, unpadded: the ratios price each batch both ways
-    table = load_profile_dir(profile).predictor(batch_padding="none")
+    # the tables alone (unpadded, no loop factor): the ratios price each batch both ways
+    table = load_profile_dir(profile).predictor(batch_padding="none", loop=False)
 
     def step_time(batch: int, context: float) -> float:
         return table.decode_step_time(batch, int(round(context)))

@@ -44,6 +44,7 @@ class PrefillEngine:
         self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
         self.queue: deque[PrefillJob] = deque()
         self.busy_s = 0.0
+        self.last_lens: list[int] = []        # prompt lengths of the last batch (step logs)
 
     def check(self, prompt: list[int]) -> str | None:
         """Why ``prompt`` can never be prefilled here, or None."""
@@ -65,6 +66,7 @@ class PrefillEngine:
         batch = [self.queue.popleft() for _ in range(n)]
         tables = [self.pool.alloc(j.request_id, blocks_for(len(j.prompt), self.cache.block_size))
                   for j in batch]
+        self.last_lens = [len(j.prompt) for j in batch]
         start = time.time()
         logits = self.model.prefill([j.prompt for j in batch], self.cache, tables)
         first = logits.argmax(-1).tolist()
@@ -110,6 +112,7 @@ class DecodeEngine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.busy_s = 0.0
+        self.last_contexts: list[int] = []    # tokens each request attended in the last step
 
     def landed(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -118,11 +121,13 @@ class DecodeEngine:
         """One iteration: ``([(request id, token)], [finished request ids])``."""
         out: list[tuple[str, int]] = []
         stepping = [s for s in self.running if len(s.tokens) < s.max_tokens]
+        self.last_contexts = []
         if stepping:
             start = time.time()
             tables = [self.sink.pool.held[s.request_id] for s in stepping]
-            logits = self.model.decode([s.tokens[-1] for s in stepping],
-                                       [s.num_prompt_tokens + len(s.tokens) - 1 for s in stepping],
+            positions = [s.num_prompt_tokens + len(s.tokens) - 1 for s in stepping]
+            self.last_contexts = [p + 1 for p in positions]
+            logits = self.model.decode([s.tokens[-1] for s in stepping], positions,
                                        self.cache, tables)
             self.busy_s += time.time() - start
             for s, t in zip(stepping, logits.argmax(-1).tolist()):

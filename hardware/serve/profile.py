@@ -44,6 +44,8 @@ from hardware.serve.profile_files import KEYS, PREFILL_BLOCK_TOKENS, STATS, Prof
 from hardware.serve.profile_measure import Serving
 
 DEFAULT_REPEATS, QUICK_REPEATS = 15, 3
+#: requests of the serving-loop session (profile_loop); 0 measures no session
+DEFAULT_LOOP_REQUESTS, QUICK_LOOP_REQUESTS = 60, 12
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Sweep:
     transfer_tokens: tuple[int, ...]
     mechanisms: tuple[str, ...]
     repeats: int
+    loop_requests: int = 0                   # the serving-loop session (loop.csv); 0: none
 
     def __post_init__(self) -> None:
         for name in ("prefill_num_seqs", "prefill_tokens", "decode_batches", "decode_contexts",
@@ -75,6 +78,8 @@ class Sweep:
         object.__setattr__(self, "mechanisms", tuple(self.mechanisms))
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ProfileError(f"repeats {self.repeats!r}: need a whole number >= 1")
+        if not isinstance(self.loop_requests, int) or self.loop_requests < 0:
+            raise ProfileError(f"loop_requests {self.loop_requests!r}: need a whole number >= 0")
 
     @classmethod
     def for_limits(cls, max_tokens: int, serving: Serving, quick: bool = False,
@@ -84,12 +89,12 @@ class Sweep:
         if quick:
             tokens = _upto((1, 128), max_tokens)
             return cls((1, 4), tokens, _upto((1, 8), b), tokens, tokens, tuple(mechanisms),
-                       repeats or QUICK_REPEATS)
+                       repeats or QUICK_REPEATS, QUICK_LOOP_REQUESTS)
         tokens = _upto([1] + [16 << k for k in range(20)] + [3 * max_tokens // 4], max_tokens)
         batches = _upto([1 << k for k in range(20)] + [3 * b // 4], b)
         seqs = _upto([1 << k for k in range(20)], serving.prefill_max_batch_size)
         return cls(seqs, tokens, batches, tokens, tokens, tuple(mechanisms),
-                   repeats or DEFAULT_REPEATS)
+                   repeats or DEFAULT_REPEATS, DEFAULT_LOOP_REQUESTS)
 
     def prefill_points(self, serving: Serving) -> list[tuple[int, int]]:
         """``(num_seqs, tokens)`` pairs that one worker batch can hold."""
@@ -190,9 +195,20 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
                             progress, on_point)
     finally:
         torch.set_num_threads(threads)
+    if sweep.loop_requests and not (out / "loop.csv").is_file():
+        from hardware.serve.profile_loop import measure_loop
+
+        if progress:
+            print(f"profile: serving-loop session, {sweep.loop_requests} requests on a local "
+                  f"cluster", file=sys.stderr)
+        measure_loop(out, tables["decode"].rows, serving, sweep.decode_mechanism(), device,
+                     max_tokens, sweep.loop_requests)
     write_header(out, header, tables, complete=True)
+    from hardware.serve.profile_loop import summary as loop_summary
+
     return {"tables": tables, "num_measured": measured,
-            "summary": summary_table(tables, serving, max_tokens, kv_per_token)}
+            "summary": summary_table(tables, serving, max_tokens, kv_per_token) + "\n"
+            + loop_summary(out)}
 
 
 def _ensure_model(out: Path, header: dict, model_dir, seed: int, config) -> None:

@@ -124,7 +124,7 @@ def prepare(out: Path, header: dict, force: bool) -> None:
             raise ProfileError(f"{out} {why}. Rerun with the same arguments to resume, choose "
                                f"another --out, or add --force to start over")
         if why:
-            for name in ("profile.toml", *(f"{t}.csv" for t in KEYS)):
+            for name in ("profile.toml", "loop.csv", *(f"{t}.csv" for t in KEYS)):
                 (out / name).unlink(missing_ok=True)
             for name in ("model", "model.partial"):
                 shutil.rmtree(out / name, ignore_errors=True)

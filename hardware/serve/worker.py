@@ -37,6 +37,37 @@ from hardware.wire import recv_msg, send_msg, token_from_env
 RETRY_S = 0.02
 
 
+class StepLog:
+    """``--step-log DIR``: one CSV row per engine step in ``DIR/<role><index>.csv`` (``hawk
+    real profile`` reads them: what a step costs inside the serving loop). Columns: ``batch``
+    (sequences computed), ``longest`` and ``total`` (prompt tokens in prefill; tokens each
+    request attends in decode), ``engine_s`` (the model call), ``period_s`` (decode: from the
+    end of the previous iteration to the end of this one, its tokens sent, when the loop ran
+    a model step in both and never waited between them; else empty)."""
+
+    COLUMNS = ("batch", "longest", "total", "engine_s", "period_s")
+
+    def __init__(self, directory: str, role: str, index: int):
+        path = os.path.join(directory, f"{role}{index}.csv")
+        os.makedirs(directory, exist_ok=True)
+        self.file = open(path, "w", buffering=1)
+        self.file.write(",".join(self.COLUMNS) + "\n")
+        self.last_end: float | None = None
+
+    def step(self, lengths: list[int], engine_s: float) -> None:
+        """A step over ``lengths`` just ended (its messages sent)."""
+        now = time.time()
+        if not lengths:                       # no model call: the next period spans two
+            self.last_end = None
+            return
+        period = "" if self.last_end is None else repr(now - self.last_end)
+        self.file.write(f"{len(lengths)},{max(lengths)},{sum(lengths)},{engine_s!r},{period}\n")
+        self.last_end = now
+
+    def waited(self) -> None:
+        self.last_end = None
+
+
 class RouterLink:
     """The worker's control connection: a reader thread into ``inbox``, locked sends."""
 
@@ -99,6 +130,7 @@ def run_prefill(args, token: str) -> None:
                                            "pull_address": list(server.address)})
     print(f"prefill worker {link.index}: pulls on {server.address[0]}:{server.address[1]}, "
           f"{model.device}", file=sys.stderr, flush=True)
+    log = StepLog(args.step_log, "prefill", link.index) if args.step_log else None
     try:
         while True:
             try:
@@ -134,6 +166,8 @@ def run_prefill(args, token: str) -> None:
                 link.send({"ev": "prefilled", "rid": rid, "first_token": first,
                            "prefill_start_at": start, "prefill_end_at": end,
                            "free_blocks": engine.pool.num_free})
+            if log is not None and done:
+                log.step(engine.last_lens, done[0][3] - done[0][2])
     finally:
         server.stop()
         transport.close()
@@ -213,9 +247,12 @@ def run_decode(args, token: str) -> None:
     print(f"decode worker {link.index}: {args.mechanism}, KV {layout}", file=sys.stderr,
           flush=True)
     puller = Puller(engine, transport, token, link, args.transfer_timeout_s)
+    log = StepLog(args.step_log, "decode", link.index) if args.step_log else None
     try:
         while True:
             busy = engine.running or engine.waiting or not puller.landed.empty()
+            if log is not None and not busy:
+                log.waited()
             try:
                 msg = link.inbox.get(timeout=0 if busy else 0.05)
             except queue.Empty:
@@ -246,9 +283,12 @@ def run_decode(args, token: str) -> None:
                 else:
                     engine.landed(seq)
             if engine.running or engine.waiting:
+                busy_s = engine.busy_s
                 items, finished = engine.step()
                 link.send({"ev": "tokens", "at": time.time(), "items": items,
                            "finished": finished, "free_blocks": engine.sink.pool.num_free})
+                if log is not None:
+                    log.step(engine.last_contexts, engine.busy_s - busy_s)
     finally:
         engine.sink.close()
         transport.close()
@@ -283,6 +323,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--send-buffer-mb", type=float, default=16.0)
     p.add_argument("--transfer-timeout-s", type=float, default=30.0)
+    p.add_argument("--step-log", metavar="DIR", help="write one CSV row per engine step to "
+                   "DIR/<role><index>.csv (StepLog)")
 
 
 def main(argv=None) -> int:

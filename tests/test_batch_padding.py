@@ -88,3 +88,65 @@ def test_fast_forward_matches_oracle_with_padding(seed, rate, max_batch):
     fast, slow = run_both(config, trace, predictors=(padded, padded))
     assert (fast["status"] == "ok").all()
     assert_same_instants(fast, slow)
+
+
+# -- the serving loop (loop.csv) -------------------------------------------------------------
+LOOP_HEADER = "phase,batch,longest,total,seconds\n"
+
+
+def test_loop_factors_are_median_ratios_and_scale_the_run(tmp_path):
+    """loop.csv's steps over the tables' (padded) times: medians per phase scale every
+    prefill batch and decode step of the run."""
+    prof = make_profile_dir(tmp_path / "p", batch_padding="longest")
+    table = load_profile_dir(prof).predictor()
+    assert (table.prefill_factor, table.decode_factor) == (1.0, 1.0)   # no loop.csv
+    rows = [("prefill", 1, 100, 100, 2.0), ("prefill", 2, 300, 310, 1.5),
+            ("prefill", 1, 50, 50, 9.0), ("decode", 4, 200, 500, 3.0), ("decode", 1, 64, 64, 3.0)]
+    lines = [f"{p},{b},{l},{t},{r * table.step_cost(p, b, l, t)!r}" for p, b, l, t, r in rows]
+    (prof / "loop.csv").write_text(LOOP_HEADER + "\n".join(lines) + "\n")
+    profile = load_profile_dir(prof)
+    assert profile.loop["prefill"] == (pytest.approx(2.0, rel=1e-9), 3)
+    assert profile.loop["decode"] == (pytest.approx(3.0, rel=1e-9), 2)
+    scaled, raw = profile.predictor(), profile.predictor(loop=False)
+    assert scaled.prefill_time([40, 90]) == pytest.approx(2 * raw.prefill_time([40, 90]))
+    assert scaled.decode_time(3, 300, 7) == pytest.approx(3 * raw.decode_time(3, 300, 7))
+    rec = _run(prof, [100], [5]).iloc[0]
+    assert rec.prefill_end_at - rec.prefill_start_at == pytest.approx(
+        2 * raw.prefill_time([100]), rel=1e-12)
+    steps = sum(raw.decode_step_time(1, 100 + k) for k in range(1, 5))
+    assert rec.finished_at - rec.first_token_at == pytest.approx(3 * steps, rel=1e-9)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("phase,batch,seconds\n", "loop.csv:1: header"),
+    (LOOP_HEADER + "verify,1,2,2,0.1\n", "loop.csv:2: expected"),
+    (LOOP_HEADER + "decode,1,2,2,0.1\ndecode,1,2,2,-3\n", "loop.csv:3: seconds = '-3'"),
+])
+def test_bad_loop_file_is_named(tmp_path, text, message):
+    prof = make_profile_dir(tmp_path / "p")
+    (prof / "loop.csv").write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        from_dict({"cluster": {"profile": str(prof)}})
+
+
+def test_step_log_rows_and_periods(tmp_path):
+    """A worker's step log: one row per model step; a period only between two steps with no
+    wait and no model-less iteration between them."""
+    import csv
+
+    from hardware.serve.worker import StepLog
+
+    log = StepLog(str(tmp_path), "decode", 0)
+    log.step([10, 30], 0.01)          # first: no period
+    log.step([11, 31], 0.01)          # period
+    log.waited()
+    log.step([5], 0.02)               # after a wait: none
+    log.step([], 0.0)                 # no model call
+    log.step([6], 0.02)               # none: the previous iteration made no step
+    log.file.close()
+    with open(tmp_path / "decode0.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["batch"], r["longest"], r["total"]) for r in rows] == [
+        ("2", "30", "40"), ("2", "31", "42"), ("1", "5", "5"), ("1", "6", "6")]
+    assert [bool(r["period_s"]) for r in rows] == [False, True, False, False]
+    assert float(rows[1]["period_s"]) >= 0

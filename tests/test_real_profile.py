@@ -71,6 +71,7 @@ def test_files_and_columns_as_the_contract(measured):
     assert doc["model"]["seed"] == 0 and doc["model"]["max_context"] == 512
     assert doc["serving"]["mechanisms"] == ["GG-Host", "GN-HAWK"]
     assert doc["serving"]["decode_max_batch"] == 32
+    assert doc["serving"]["batch_padding"] == "longest"       # block_batch pads to the longest
     assert doc["sweep"]["decode_contexts"] == [16, 512] and doc["sweep"]["repeats"] == 3
     dec = rows(out, "decode.csv")
     assert {(int(r["batch"]), int(r["context_per_request"])) for r in dec} == {
@@ -118,6 +119,32 @@ def test_resume_measures_each_point_once(measured):
     again = profile.run(out, sweep=SWEEP, device="cpu", progress=False)
     assert again["num_measured"] == 0
     assert sum(len(rows(out, n)) for n in COLUMNS) == NUM_POINTS
+
+
+def test_serving_loop_session_writes_loop_csv(measured, tmp_path):
+    """The session serves synthetic requests on a local cluster of the profile's model; its
+    workers' step logs become loop.csv, which the simulator turns into per-phase factors."""
+    import shutil
+
+    from hardware.serve.profile_loop import COLUMNS as LOOP_COLUMNS, measure_loop
+    from hardware.serve.profile_measure import Serving
+    from hardware.serve.profile_files import Table, KEYS, STATS
+    from sim.profile_dir import load_profile_dir
+
+    out = tmp_path / "prof"
+    shutil.copytree(measured[0], out)
+    decode = Table(out / "decode.csv", KEYS["decode"] + STATS).rows
+    n = measure_loop(out, decode, Serving.of_workers(), "GN-HAWK", "cpu", 128, 3)
+    loop = rows(out, "loop.csv")
+    assert (out / "loop.csv").read_text().splitlines()[0] == ",".join(LOOP_COLUMNS)
+    assert len(loop) == n and {r["phase"] for r in loop} == {"prefill", "decode"}
+    for r in loop:
+        assert int(r["batch"]) >= 1 and int(r["longest"]) <= 128
+        assert int(r["longest"]) <= int(r["total"]) <= int(r["batch"]) * int(r["longest"])
+        assert float(r["seconds"]) > 0
+    factors = load_profile_dir(out).loop
+    assert factors["prefill"][1] + factors["decode"][1] == n
+    assert all(f > 0 for f, _ in factors.values())
 
 
 def test_model_is_the_seeded_tiny_model(measured):
@@ -172,6 +199,9 @@ def test_sweep_is_validated():
     assert max(n * t for n, t in full.prefill_points(serving)) == serving.prefill_max_batch_tokens
     quick = profile.Sweep.for_limits(512, serving, quick=True)
     assert quick.decode_contexts == (1, 128, 512) and quick.decode_batches == (1, 8, 32)
+    assert quick.loop_requests == profile.QUICK_LOOP_REQUESTS > 0
+    with pytest.raises(ProfileError, match="loop_requests -1"):
+        profile.Sweep((1,), (1,), (1,), (1,), (1,), ("GN-HAWK",), 1, -1)
 
 
 def test_half_written_row_is_dropped_and_force_clears(tmp_path):

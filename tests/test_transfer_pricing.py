@@ -172,7 +172,8 @@ def test_concurrent_host_work_queues_on_the_decode_host():
     from tests.builders import make_trace
 
     trace = make_trace([0.0, 0.0], [1500, 1500], [4, 4])
-    config = serving_config("GN-Host").replace(**{"cluster.prefill.max_batch_size": 2})
+    config = serving_config("GN-Host").replace(**{"cluster.prefill.max_batch_size": 2,
+                                                  "cluster.prefill.max_batch_tokens": 3000})
     recs = simulate(config, trace).records.sort_values("transfer_end_at")
     cost = pricing_for(config).price(1500)
     first, second = recs.iloc[0], recs.iloc[1]

@@ -150,3 +150,44 @@ def test_step_log_rows_and_periods(tmp_path):
         ("2", "30", "40"), ("2", "31", "42"), ("1", "5", "5"), ("1", "6", "6")]
     assert [bool(r["period_s"]) for r in rows] == [False, True, False, False]
     assert float(rows[1]["period_s"]) >= 0
+
+
+def test_a_landed_request_wakes_the_idle_decode_loop():
+    """The puller wakes the decode worker's main loop when a request's KV lands (an idle loop
+    waits on the router's inbox; without the wake-up the request waited up to the 50 ms poll
+    for its first token)."""
+    import queue
+
+    from hardware.serve.worker import Puller
+
+    class Pool:
+        num_blocks, num_free = 8, 8
+
+    class Sink:
+        pool = Pool()
+
+        def blocks_needed(self, rid):
+            return 1
+
+    class Engine:
+        sink = Sink()
+
+    class Link:
+        def __init__(self):
+            self.inbox, self.sent = queue.Queue(), []
+
+        def send(self, msg):
+            self.sent.append(msg)
+
+    class Client:
+        def pull(self, rid):
+            return type("Result", (), {"nbytes": 64})()
+
+    link = Link()
+    puller = Puller(Engine(), None, "token", link, 1.0)
+    puller._client = lambda p: Client()
+    puller.todo.put({"rid": "r1", "prefill": 0, "prompt_len": 5, "first_token": 3,
+                     "max_tokens": 4})
+    assert link.inbox.get(timeout=60) == {"op": "landed"}
+    assert puller.landed.get_nowait().request_id == "r1"
+    assert [m["ev"] for m in link.sent] == ["transferred"]

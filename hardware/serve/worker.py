@@ -231,6 +231,7 @@ class Puller:
                             "transfer_end_at": end, "kv_bytes": result.nbytes})
             self.landed.put(Sequence(rid, msg["prompt_len"], msg["first_token"],
                                      msg["max_tokens"]))
+            self.link.inbox.put({"op": "landed"})      # wake an idle decode loop now
 
 
 def run_decode(args, token: str) -> None:
@@ -270,6 +271,7 @@ def run_decode(args, token: str) -> None:
                 elif op == "drop":
                     puller.dropped.add(msg["rid"])
                     engine.drop(msg["rid"])
+                # "landed" (from the puller) only wakes the loop: the landed queue is read below
                 elif op == "stats":
                     link.send({"ev": "stats", "busy_s": engine.busy_s,
                                "held_blocks": sorted(engine.sink.pool.held),

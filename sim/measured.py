@@ -21,7 +21,8 @@ from sim.profile_dir import MeasuredProfile, TransferTable, is_profile_dir, load
 
 class MeasuredPricing:
     """``sim.transfer``'s pricing interface over transfer.csv: one request's KV takes the
-    measured seconds of its bytes, all before the KV lands (``before_s``, served one at a time
+    measured seconds of its bytes (times the serving loop's transfer factor for the mechanism
+    the profile's session ran), all before the KV lands (``before_s``, served one at a time
     by ``SerialLink``); nothing is paid by the prefill engine and nothing slows decode."""
 
     save_time = None
@@ -33,13 +34,16 @@ class MeasuredPricing:
                                   f"mechanism {mechanism}; it measured "
                                   f"{sorted(profile.transfer)}")
         self.profile, self.table = profile, TransferTable(profile.transfer[mechanism])
+        # the serving loop's pulls over the table's (loop.csv), for the mechanism it ran
+        self.factor = (profile.loop["transfer"][0] if mechanism == profile.default_mechanism
+                       else 1.0)
 
     def price(self, num_tokens: int):
         from sim.transfer import TransferCost
 
         nbytes = self.profile.kv_bytes(int(num_tokens))
-        return TransferCost(before_s=self.table(nbytes), wire_bytes=nbytes, after_s=0.0,
-                            host_cpu_s=0.0, num_writes=0)
+        return TransferCost(before_s=self.factor * self.table(nbytes), wire_bytes=nbytes,
+                            after_s=0.0, host_cpu_s=0.0, num_writes=0)
 
 
 class SerialLink:

@@ -21,6 +21,7 @@ from the directory instead of the catalogs is ``sim.measured``. All times are th
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -75,7 +76,8 @@ class MeasuredProfile:
     machine: dict = field(default_factory=dict)
     #: the serving loop over the tables (loop.csv): {phase: (median ratio, steps)}; 1.0 and 0
     #: steps where the profile has no session
-    loop: dict = field(default_factory=lambda: {"prefill": (1.0, 0), "decode": (1.0, 0)})
+    loop: dict = field(default_factory=lambda: {"prefill": (1.0, 0), "decode": (1.0, 0),
+                                                "transfer": (1.0, 0)})
 
     def kv_bytes(self, num_tokens: int) -> float:
         """One request's KV as transfer.csv counts bytes: [serving] kv_bytes_per_token per
@@ -181,7 +183,6 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
         table = TablePredictor.from_points(prefill, decode, serving["batch_padding"])
     except ValueError as exc:
         raise ProfileDirError(f"{base}: {exc}") from None
-    loop = loop_factors(base / LOOP_FILE, table)
     arrays = {}
     for mech, points in transfer.items():
         a = np.array(sorted(points), dtype=np.float64)
@@ -189,14 +190,19 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
             raise ProfileDirError(f"{base / 'transfer.csv'}: mechanism {mech} measures one "
                                   f"byte count twice")
         arrays[mech] = a
-    return MeasuredProfile(root, complete, stands["prefill"], stands["decode"], model, kv_dtype,
-                           serving, mechanisms, prefill, decode, arrays, dict(machine), loop)
+    profile = MeasuredProfile(root, complete, stands["prefill"], stands["decode"], model,
+                              kv_dtype, serving, mechanisms, prefill, decode, arrays,
+                              dict(machine))
+    transfer_table = TransferTable(arrays[profile.default_mechanism])
+    return dataclasses.replace(profile, loop=loop_factors(
+        base / LOOP_FILE, table, lambda tokens: transfer_table(profile.kv_bytes(tokens))))
 
 
-def loop_factors(path: Path, table) -> dict:
-    """{phase: (median of seconds / the table's time for that step, steps)} over loop.csv's
-    rows (a missing file: 1.0 and 0 steps); bad rows are named by line and column."""
-    out = {"prefill": [], "decode": []}
+def loop_factors(path: Path, table, transfer_time) -> dict:
+    """{phase: (median of seconds / the tables' time for that step, steps)} over loop.csv's
+    rows (a missing file: 1.0 and 0 steps per phase); bad rows are named by line and column.
+    A transfer row is priced by ``transfer_time(tokens)`` (the session's mechanism)."""
+    out = {"prefill": [], "decode": [], "transfer": []}
     if path.is_file():
         try:
             with path.open(newline="") as f:
@@ -211,7 +217,8 @@ def loop_factors(path: Path, table) -> dict:
                 continue
             if len(row) != len(LOOP_COLUMNS) or row[0] not in out:
                 raise ProfileDirError(f"{path}:{line}: expected {','.join(LOOP_COLUMNS)} with "
-                                      f"phase prefill or decode, got {','.join(row)!r}")
+                                      f"phase prefill, decode or transfer, got "
+                                      f"{','.join(row)!r}")
             values = []
             for name, text in zip(LOOP_COLUMNS[1:], row[1:]):
                 try:
@@ -223,7 +230,8 @@ def loop_factors(path: Path, table) -> dict:
                                           f"> 0")
                 values.append(value)
             batch, longest, total, seconds = values
-            priced = table.step_cost(row[0], int(batch), longest, total)
+            priced = (transfer_time(int(total)) if row[0] == "transfer"
+                      else table.step_cost(row[0], int(batch), longest, total))
             if priced > 0:
                 out[row[0]].append(seconds / priced)
     return {phase: (float(np.median(r)) if r else 1.0, len(r)) for phase, r in out.items()}
@@ -394,6 +402,9 @@ def describe_ranges(config) -> list[str]:
         lines.append(f"serving loop, {phase}: x{factor:.3g} the table (median of {steps} steps "
                      f"in {LOOP_FILE})" if steps else f"serving loop, {phase}: not measured "
                      f"(the table's engine time)")
+    if mech != profile.default_mechanism and profile.loop["transfer"][1]:
+        lines.append(f"serving loop, transfer: measured with {profile.default_mechanism}; "
+                     f"{mech} is timed by its table alone")
     if not profile.complete:
         lines.append("profile incomplete (complete = false): points are still missing")
     return lines

@@ -15,7 +15,8 @@ from sim.predictor import TablePredictor
 from sim.profile_dir import load_profile_dir
 from tests.builders import make_config, random_trace
 from traces.trace import Trace
-from tests.test_profile_dir import PREFILL_TOKENS, make_profile_dir, roofline
+from tests.test_profile_dir import PREFILL_TOKENS, TRUE_TRANSFER, make_profile_dir, \
+    roofline
 from tests.test_sim_fast_forward import assert_same_instants, run_both
 
 #: transfers of (almost) no time: the second request lands just after the first
@@ -103,10 +104,14 @@ def test_loop_factors_are_median_ratios_and_scale_the_run(tmp_path):
     rows = [("prefill", 1, 100, 100, 2.0), ("prefill", 2, 300, 310, 1.5),
             ("prefill", 1, 50, 50, 9.0), ("decode", 4, 200, 500, 3.0), ("decode", 1, 64, 64, 3.0)]
     lines = [f"{p},{b},{l},{t},{r * table.step_cost(p, b, l, t)!r}" for p, b, l, t, r in rows]
+    fixed, gb_s = TRUE_TRANSFER["GN-HAWK"]          # linear in bytes: exact between points
+    lines += [f"transfer,1,{n},{n},{r * (fixed + n * 2048 / (gb_s * 1e9))!r}"
+              for n, r in ((100, 4.0), (300, 4.0), (50, 1.0))]
     (prof / "loop.csv").write_text(LOOP_HEADER + "\n".join(lines) + "\n")
     profile = load_profile_dir(prof)
     assert profile.loop["prefill"] == (pytest.approx(2.0, rel=1e-9), 3)
     assert profile.loop["decode"] == (pytest.approx(3.0, rel=1e-9), 2)
+    assert profile.loop["transfer"] == (pytest.approx(4.0, rel=1e-9), 3)
     scaled, raw = profile.predictor(), profile.predictor(loop=False)
     assert scaled.prefill_time([40, 90]) == pytest.approx(2 * raw.prefill_time([40, 90]))
     assert scaled.decode_time(3, 300, 7) == pytest.approx(3 * raw.decode_time(3, 300, 7))
@@ -115,6 +120,11 @@ def test_loop_factors_are_median_ratios_and_scale_the_run(tmp_path):
         2 * raw.prefill_time([100]), rel=1e-12)
     steps = sum(raw.decode_step_time(1, 100 + k) for k in range(1, 5))
     assert rec.finished_at - rec.first_token_at == pytest.approx(3 * steps, rel=1e-9)
+    assert rec.transfer_end_at - rec.transfer_start_at == pytest.approx(
+        4 * (fixed + 100 * 2048 / (gb_s * 1e9)), rel=1e-9)
+    other = from_dict({"cluster": {"profile": str(prof), "link": {"mechanism": "GG-Direct"}}})
+    from sim.measured import measured_parts
+    assert measured_parts(other).pricing.factor == 1.0   # the session ran GN-HAWK only
 
 
 @pytest.mark.parametrize("text, message", [

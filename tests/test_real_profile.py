@@ -137,13 +137,14 @@ def test_serving_loop_session_writes_loop_csv(measured, tmp_path):
     n = measure_loop(out, decode, Serving.of_workers(), "GN-HAWK", "cpu", 128, 3)
     loop = rows(out, "loop.csv")
     assert (out / "loop.csv").read_text().splitlines()[0] == ",".join(LOOP_COLUMNS)
-    assert len(loop) == n and {r["phase"] for r in loop} == {"prefill", "decode"}
+    assert len(loop) == n and {r["phase"] for r in loop} == {"prefill", "decode", "transfer"}
+    assert sum(r["phase"] == "transfer" for r in loop) == 3
     for r in loop:
         assert int(r["batch"]) >= 1 and int(r["longest"]) <= 128
         assert int(r["longest"]) <= int(r["total"]) <= int(r["batch"]) * int(r["longest"])
         assert float(r["seconds"]) > 0
     factors = load_profile_dir(out).loop
-    assert factors["prefill"][1] + factors["decode"][1] == n
+    assert sum(steps for _, steps in factors.values()) == n
     assert all(f > 0 for f, _ in factors.values())
 
 

@@ -9,10 +9,12 @@ arrivals, lengths uniform over the workers' range, seed ``SEED``: never a trace 
 validate`` replays), its workers logging every step (``worker --step-log``, ``StepLog``).
 
 ``loop.csv`` holds every logged step: ``phase,batch,longest,total,seconds``, where ``seconds``
-is, for a prefill batch, the engine's span (what a prefill worker reports), and for a decode
+is, for a prefill batch, the engine's span (what a prefill worker reports); for a decode
 step, the loop's period while it kept stepping (end of one iteration, tokens sent, to the end
-of the next). ``sim.profile_dir`` prices each row by the tables and scales the simulator's
-prefill and decode times by the median ratios. Rows of the session's first requests (the
+of the next); for a transfer (``batch`` 1, ``longest`` = ``total`` = the prompt's tokens),
+the pull as the decode worker stamps it, its puller thread beside the decode loop.
+``sim.profile_dir`` prices each row by the tables and scales the simulator's prefill, decode
+and transfer times by the median ratio per phase. Rows of the session's first requests (the
 warm-up) are kept: the medians are robust to them.
 """
 
@@ -28,14 +30,16 @@ import numpy as np
 COLUMNS = ("phase", "batch", "longest", "total", "seconds")
 SEED = 7919
 WARMUP_REQUESTS = 4
-#: mean decode batch the session's arrival rate aims at (Little's law on the decode table)
-TARGET_BATCH = 8
+#: mean decode batches the session's arrival rates aim at, one half of the requests each
+#: (Little's law on the decode table): a light and a busy stretch, since the cost of sharing
+#: the cores grows with how often prefill and decode run at once
+TARGET_BATCHES = (2, 8)
 
 
 def session_trace(decode_rows: list[dict], max_tokens: int, num_requests: int):
     """Synthetic requests: prompt and output lengths uniform in 1..max_tokens/2, Poisson
-    arrivals at the rate that keeps about ``TARGET_BATCH`` requests decoding (the measured
-    step of the batch and context nearest that)."""
+    arrivals, each half of them at the rate that keeps about one of ``TARGET_BATCHES``
+    requests decoding (the measured step of the batch and context nearest that)."""
     from traces.trace import Trace
 
     rng = np.random.default_rng(SEED)
@@ -43,11 +47,16 @@ def session_trace(decode_rows: list[dict], max_tokens: int, num_requests: int):
     prompts = rng.integers(1, half + 1, num_requests)
     outputs = rng.integers(1, half + 1, num_requests)
     context = float(prompts.mean() + outputs.mean() / 2)
-    row = min(decode_rows, key=lambda r: (abs(r["batch"] - TARGET_BATCH),
-                                          abs(r["context_per_request"] - context)))
-    rate = TARGET_BATCH / (float(outputs.mean()) * row["seconds_p50"])
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, num_requests))
-    return Trace.from_columns(arrivals, prompts, outputs, name=f"profile-loop@{rate:.3g}/s")
+    gaps, rates = [], []
+    for k, target in enumerate(TARGET_BATCHES):
+        row = min(decode_rows, key=lambda r: (abs(r["batch"] - target),
+                                              abs(r["context_per_request"] - context)))
+        rates.append(target / (float(outputs.mean()) * row["seconds_p50"]))
+        n = num_requests // len(TARGET_BATCHES) + (k < num_requests % len(TARGET_BATCHES))
+        gaps.append(rng.exponential(1.0 / rates[-1], n))
+    arrivals = np.cumsum(np.concatenate(gaps))
+    return Trace.from_columns(arrivals, prompts, outputs, name="profile-loop@" + ",".join(
+        f"{r:.3g}" for r in rates) + "/s")
 
 
 def measure_loop(out: Path, decode_rows: list[dict], serving, mechanism: str, device: str,
@@ -70,17 +79,30 @@ def measure_loop(out: Path, decode_rows: list[dict], serving, mechanism: str, de
                                 model=str(out / "model"), worker_args=args)
         real_run(trace, RealRunConfig(cluster, 1e9, 1e9, max_tokens, progress=False,
                                       warmup_requests=WARMUP_REQUESTS), Path(scratch) / "run")
-        rows = [("prefill", r) for r in _read(logs, "prefill")]
-        rows += [("decode", r) for r in _read(logs, "decode") if r["period_s"]]
+        rows = [("prefill", r["batch"], r["longest"], r["total"], r["engine_s"])
+                for r in _read(logs, "prefill")]
+        rows += [("decode", r["batch"], r["longest"], r["total"], r["period_s"])
+                 for r in _read(logs, "decode") if r["period_s"]]
+        rows += _transfers(Path(scratch) / "run" / "records.parquet")
         partial = out / "loop.csv.partial"
         with partial.open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(COLUMNS)
-            for phase, r in rows:
-                w.writerow([phase, r["batch"], r["longest"], r["total"],
-                            r["engine_s"] if phase == "prefill" else r["period_s"]])
+            w.writerows(rows)
         os.replace(partial, out / "loop.csv")
     return len(rows)
+
+
+def _transfers(records: Path) -> list[tuple]:
+    """One row per transferred request: ``transfer,1,tokens,tokens,seconds`` (its pull as the
+    decode worker stamped it, beside the other processes)."""
+    from traces.schema import read_records
+
+    frame = read_records(records)
+    done = frame[frame["status"] == "ok"].dropna(subset=["transfer_start_at", "transfer_end_at"])
+    return [("transfer", 1, int(n), int(n), repr(float(b - a))) for n, a, b in zip(
+        done["num_prompt_tokens"], done["transfer_start_at"], done["transfer_end_at"])
+        if b > a]
 
 
 def _read(logs: Path, role: str) -> list[dict]:
@@ -99,7 +121,7 @@ def summary(out: Path) -> str:
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     parts = []
-    for phase in ("prefill", "decode"):
+    for phase in ("prefill", "decode", "transfer"):
         s = [float(r["seconds"]) for r in rows if r["phase"] == phase]
         if s:
             parts.append(f"{len(s)} {phase} steps, median {1e3 * float(np.median(s)):.1f} ms")

@@ -204,3 +204,18 @@ def test_cells_without_requests_count_as_idle_instances():
             for share in split_trace(trace, 4) if len(share)]
     span = result.summary["simulated_time_s"]
     assert result.summary["prefill_utilization"] == pytest.approx(sum(busy) / 4 / span)
+
+
+def test_the_cells_benchmark_times_each_worker_count_on_the_same_run(capsys):
+    from sim import cells_bench
+
+    assert cells_bench.main(["--num-requests", "120", "--cells", "2", "--workers", "1,2",
+                             "--json"]) == 0
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    one, two = report["runs"]
+    assert (one["workers"], two["workers"]) == (1, 2) and one["speedup"] == 1.0
+    assert two["speedup"] == pytest.approx(one["wall_time_s"] / two["wall_time_s"])
+    assert one["num_requests"] == two["num_requests"] == 120
+    assert one["slo_attainment"] == two["slo_attainment"]       # the same run, either way

@@ -142,6 +142,10 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     runs in bounded memory: requests load in chunks, records go to its Parquet dataset as
     they end, the summary comes from streaming aggregates and ``records`` is None."""
     config = config or RunConfig()
+    if config.cells.count > 1:
+        raise ConfigError(f"cells.count = {config.cells.count}: a run of cells goes through "
+                          f"sim.cells.simulate_cells (hawk simulate --cells); simulate() runs one "
+                          f"router domain and would silently ignore the others")
     if stream is None:
         trace = trace if trace is not None else workload_trace(config)
         check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")

@@ -175,7 +175,9 @@ def test_hawk_simulate_cells_writes_merged_records_and_a_summary(tmp_path, capsy
     assert "cells: 2 of 1 prefill + 1 decode instances" in text
     records = pd.read_parquet(out / "records.parquet")
     assert len(records) == 60 and set(records["cell"]) == {0, 1}
-    assert read_records(out / "records.parquet")["request_id"].is_monotonic_increasing
+    read = read_records(out / "records.parquet")
+    assert read["request_id"].is_monotonic_increasing
+    assert (read["cell"].to_numpy() == cell_of(read["request_id"].to_numpy(), 2)).all()
     assert (out / "summary.json").exists() and (out / "cells.json").exists()
 
 
@@ -219,3 +221,9 @@ def test_the_cells_benchmark_times_each_worker_count_on_the_same_run(capsys):
     assert two["speedup"] == pytest.approx(one["wall_time_s"] / two["wall_time_s"])
     assert one["num_requests"] == two["num_requests"] == 120
     assert one["slo_attainment"] == two["slo_attainment"]       # the same run, either way
+
+
+def test_a_config_of_cells_is_refused_by_the_one_domain_simulate():
+    # sweep, compare and plan call simulate(); a config of cells must not quietly run one cell.
+    with pytest.raises(ConfigError, match=r"cells.count = 4: .*simulate_cells"):
+        simulate(CELLS4, make_trace([0.0], [10], [5]))

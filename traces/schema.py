@@ -32,7 +32,8 @@ kv_bytes              int64    bytes of KV cache moved prefill -> decode (0 if n
 
 Optional columns (``OPTIONAL_COLUMNS``), present only where the trace carries them, after the
 others: ``tenant`` (string), the customer or application that sent the request (a trace's
-own column, e.g. Splitwise's ``application_id``, or a synthetic generator's customers).
+own column, e.g. Splitwise's ``application_id``, or a synthetic generator's customers);
+``cell`` (int64), the router domain that served the request in a run of cells (``sim.cells``).
 
 A record's status is final: every request of a run ends in exactly one status.
 """
@@ -149,7 +150,7 @@ RECORD_COLUMNS: dict[str, str] = {
     "num_generated_tokens": "int64",
     "kv_bytes": "int64",
 }
-OPTIONAL_COLUMNS: dict[str, str] = {"tenant": "string"}
+OPTIONAL_COLUMNS: dict[str, str] = {"tenant": "string", "cell": "int64"}
 INSTANT_COLUMNS = tuple(c for c in RECORD_COLUMNS if c.endswith("_at"))
 STATUS_VALUES = tuple(s.value for s in Status)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import math
 import sys
 from pathlib import Path

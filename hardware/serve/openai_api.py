@@ -14,7 +14,7 @@ import json
 
 MAX_BODY = 64 << 20          # bytes of one request body
 
-def make_app(router: Router):
+def make_app(router):            # a hardware.serve.router.Router
     from aiohttp import web
 
     async def completions(request, chat: bool):

@@ -16,6 +16,8 @@ The directory (format 1)::
     decode.csv     batch,context_per_request,total_context,seconds_p50,seconds_p10,seconds_p90,
                    repeats            (one step; every request in the batch at that context)
     transfer.csv   mechanism,bytes,seconds_p50,seconds_p10,seconds_p90,repeats
+    loop.csv       phase,batch,longest,total,seconds: steps inside the serving loop, from a
+                   short local-cluster session at the end (``profile_loop``)
     model/         config.json + model.safetensors: the very model measured
 
 Units: seconds; ``bytes`` is the request's KV cache in the prefill worker's paged cache (every
@@ -201,8 +203,14 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
         if progress:
             print(f"profile: serving-loop session, {sweep.loop_requests} requests on a local "
                   f"cluster", file=sys.stderr)
-        measure_loop(out, tables["decode"].rows, serving, sweep.decode_mechanism(), device,
-                     max_tokens, sweep.loop_requests)
+        from hardware.serve.cluster import ClusterError
+
+        try:
+            measure_loop(out, tables["decode"].rows, serving, sweep.decode_mechanism(), device,
+                         max_tokens, sweep.loop_requests)
+        except (ClusterError, OSError) as e:
+            raise ProfileError(f"the serving-loop session failed ({e}); the tables are kept: "
+                               f"rerun the same command to measure the session again") from e
     write_header(out, header, tables, complete=True)
     from hardware.serve.profile_loop import summary as loop_summary
 

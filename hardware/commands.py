@@ -252,8 +252,8 @@ def register(subparsers) -> None:
                                           "the workers' code paths into a profile directory")
     p.add_argument("--out", required=True, help="the profile directory (resumed if it holds "
                                                 "one measured with the same settings)")
-    p.add_argument("--quick", action="store_true", help="a few points per axis (well under a "
-                                                       "minute)")
+    p.add_argument("--quick", action="store_true", help="a few points per axis and a short serving "
+                                                       "session (about a minute on 2 cores)")
     p.add_argument("--mechanisms", type=_mechanisms, default=list(MECHANISMS),
                    help=f"comma-separated subset of {', '.join(MECHANISMS)}")
     p.add_argument("--repeats", type=_whole("--repeats"),

@@ -164,7 +164,8 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
                                   f"catalog device: {sorted(devices())}")
         stands[role] = key
     model, kv_dtype, serving, mechanisms = _model_and_serving(doc, where)
-    tables = {name: _read_csv(base / name) for name in COLUMNS}
+    tables = {name: [rec for _, rec in _read_csv(base / name, columns)]
+              for name, columns in COLUMNS.items()}
     prefill = np.array([[r["num_seqs"], r["batch_tokens"], r["seconds_p50"]]
                         for r in tables["prefill.csv"]], dtype=np.float64).reshape(-1, 3)
     decode = np.array([[r["batch"], r["total_context"], r["seconds_p50"]]
@@ -203,37 +204,16 @@ def loop_factors(path: Path, table, transfer_time) -> dict:
     rows (a missing file: 1.0 and 0 steps per phase); bad rows are named by line and column.
     A transfer row is priced by ``transfer_time(tokens)`` (the session's mechanism)."""
     out = {"prefill": [], "decode": [], "transfer": []}
-    if path.is_file():
-        try:
-            with path.open(newline="") as f:
-                lines = list(csv.reader(f))
-        except (OSError, UnicodeDecodeError, csv.Error) as exc:
-            raise ProfileDirError(f"{path}: {exc}") from None
-        if not lines or [h.strip() for h in lines[0]] != list(LOOP_COLUMNS):
-            raise ProfileDirError(f"{path}:1: header {lines[0] if lines else None!r}; expected "
-                                  f"{','.join(LOOP_COLUMNS)}")
-        for line, row in enumerate(lines[1:], start=2):
-            if not row:
-                continue
-            if len(row) != len(LOOP_COLUMNS) or row[0] not in out:
-                raise ProfileDirError(f"{path}:{line}: expected {','.join(LOOP_COLUMNS)} with "
-                                      f"phase prefill, decode or transfer, got "
-                                      f"{','.join(row)!r}")
-            values = []
-            for name, text in zip(LOOP_COLUMNS[1:], row[1:]):
-                try:
-                    value = float(text)
-                except ValueError:
-                    value = math.nan
-                if not (math.isfinite(value) and value > 0):
-                    raise ProfileDirError(f"{path}:{line}: {name} = {text!r} must be a number "
-                                          f"> 0")
-                values.append(value)
-            batch, longest, total, seconds = values
-            priced = (transfer_time(int(total)) if row[0] == "transfer"
-                      else table.step_cost(row[0], int(batch), longest, total))
-            if priced > 0:
-                out[row[0]].append(seconds / priced)
+    rows = _read_csv(path, LOOP_COLUMNS) if path.is_file() else []
+    for line, rec in rows:
+        phase = rec["phase"]
+        if phase not in out:
+            raise ProfileDirError(f"{path}:{line}: expected {','.join(LOOP_COLUMNS)} with "
+                                  f"phase prefill, decode or transfer, got {phase!r}")
+        priced = (transfer_time(int(rec["total"])) if phase == "transfer"
+                  else table.step_cost(phase, int(rec["batch"]), rec["longest"], rec["total"]))
+        if priced > 0:
+            out[phase].append(rec["seconds"] / priced)
     return {phase: (float(np.median(r)) if r else 1.0, len(r)) for phase, r in out.items()}
 
 
@@ -295,9 +275,13 @@ def _model_and_serving(doc: dict, where: str):
     return model, kv_dtype, serving, tuple(mechanisms)
 
 
-def _read_csv(path: Path) -> list[dict]:
-    """Rows of one table, every number checked; errors name the file, line and column."""
-    columns = COLUMNS[path.name]
+#: text columns; every other column is a number > 0 (>= 0 for the context columns)
+TEXT_COLUMNS, ZERO_OK = ("mechanism", "phase"), ("total_context", "context_per_request")
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict]]:
+    """(line, row) of one table, every number checked; errors name the file, line and
+    column."""
     try:
         with path.open(newline="") as f:
             reader = csv.reader(f)
@@ -317,18 +301,17 @@ def _read_csv(path: Path) -> list[dict]:
             raise ProfileDirError(f"{path}:{line}: {len(row)} fields, expected {len(columns)}")
         rec: dict = {}
         for name, text in zip(columns, row):
-            if name == "mechanism":
+            if name in TEXT_COLUMNS:
                 rec[name] = text.strip()
                 continue
             try:
                 value = float(text)
             except ValueError:
                 value = math.nan
-            if not math.isfinite(value) or value < 0 or (
-                    name != "total_context" and name != "context_per_request" and value == 0):
+            if not math.isfinite(value) or value < 0 or (name not in ZERO_OK and value == 0):
                 raise ProfileDirError(f"{path}:{line}: {name} = {text!r} must be a number > 0")
             rec[name] = value
-        out.append(rec)
+        out.append((line, rec))
     return out
 
 

@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from traces.trace import Trace
-from traces.workloads import length_table, workload_spec
+from traces.workloads import check_size, length_table, workload_spec
 
 #: requests per chunk: large enough that numpy, not Python, does the work per request
 CHUNK_SIZE = 8192
@@ -71,12 +71,7 @@ def workload_source(name: str, rate: float, num_requests: int | None = None,
                     duration_s: float | None = None, seed: int = 0,
                     chunk_size: int = CHUNK_SIZE) -> RequestSource:
     """``make_workload(name, rate, num_requests, duration_s, seed)`` chunk by chunk."""
-    if num_requests is None and duration_s is None:
-        raise ValueError("give num_requests or duration_s")
-    if num_requests is not None and num_requests < 1:
-        raise ValueError(f"num_requests must be >= 1, got {num_requests}")
-    if duration_s is not None and not duration_s > 0:
-        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    check_size(num_requests, duration_s)
     if not rate > 0:
         raise ValueError(f"rate must be > 0 requests/s, got {rate}")
     spec = workload_spec(name)

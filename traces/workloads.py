@@ -85,6 +85,16 @@ def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarra
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
 
 
+def check_size(num_requests: int | None, duration_s: float | None) -> None:
+    """A workload's length: ``num_requests``, ``duration_s`` or both, each positive."""
+    if num_requests is None and duration_s is None:
+        raise ValueError("give num_requests or duration_s")
+    if num_requests is not None and num_requests < 1:
+        raise ValueError(f"num_requests must be >= 1, got {num_requests}")
+    if duration_s is not None and not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+
+
 def make_workload(name: str, rate: float, num_requests: int | None = None,
                   duration_s: float | None = None, seed: int = 0) -> Trace:
     """Poisson arrivals at ``rate`` over workload ``name``'s lengths.
@@ -92,12 +102,7 @@ def make_workload(name: str, rate: float, num_requests: int | None = None,
     Give ``num_requests``, ``duration_s`` or both (then the trace stops at whichever comes
     first). One ``numpy.random.Generator`` seeded from ``seed`` drives everything.
     """
-    if num_requests is None and duration_s is None:
-        raise ValueError("give num_requests or duration_s")
-    if num_requests is not None and num_requests < 1:
-        raise ValueError(f"num_requests must be >= 1, got {num_requests}")
-    if duration_s is not None and not duration_s > 0:
-        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    check_size(num_requests, duration_s)
     rng = np.random.default_rng(seed)
     n = num_requests if num_requests is not None else int(rate * duration_s * 1.2 + 50)
     arrivals = poisson_arrivals(rate, n, rng)

@@ -4,8 +4,9 @@ A bad value raises ``ConfigError`` naming the field (dotted path) and the allowe
 default configuration is the paper's Chatbot scenario: Llama 3.1 70B, one prefill instance of
 4x A100 PCIe (TP4), one decode instance of 4x Tenstorrent p150a (TP4), the KV cache moved by
 HAWK (GN-HAWK) over one 200 Gb/s HDR InfiniBand NIC, 8-bit KV (fp8 on the GPU, bfloat8_b on
-the NPU), Poisson arrivals at 0.5 req/s, SLOs TTFT 2 s / TPOT 200 ms, timed by the ``paper``
-profile (``sim/profiles/paper.toml``).
+the NPU), vLLM V1's serving defaults on the A100 prefill (chunked prefill, a 2,048-token budget
+per iteration), Poisson arrivals at 0.5 req/s, SLOs TTFT 2 s / TPOT 200 ms, timed by the
+``paper`` profile (``sim/profiles/paper.toml``): the settings ``hawk paper`` runs GN-HAWK with.
 
 Where a value comes from (``provenance``): every key a config sets is the user's; an instance
 takes every key it leaves unset (None) from its device's serving rules (``[<device>.serving]``
@@ -41,8 +42,9 @@ SCENARIO = {
     "prefill": {"device": "a100-pcie", "kv_dtype": "fp8", "max_batch_size": 32},
     "decode": {"device": "p150a"},
 }
-#: the scenario's instance settings that do not depend on the device (docs/paper.md 5: TP4)
-SCENARIO_ANY_DEVICE = {"tp": 4, "num_instances": 1, "max_batch_tokens": 8192,
+#: the scenario's instance settings that do not depend on the device (docs/paper.md 5: TP4;
+#: 2,048 tokens per prefill iteration: vLLM V1's default on an A100, as in the paper profile)
+SCENARIO_ANY_DEVICE = {"tp": 4, "num_instances": 1, "max_batch_tokens": 2048,
                        "kv_cache_gb": None, "admission": "on-demand-recompute"}
 
 
@@ -198,7 +200,7 @@ class PolicyConfig:
     ``module:function`` import path. ``tenant_weights`` and ``priority_tenants`` feed the
     ``weighted_fair`` policy (tenants not named weigh 1)."""
 
-    prefill_batching: str = "fcfs"
+    prefill_batching: str = "chunked"
     fairness: str = "fcfs"
     tenant_weights: dict = field(default_factory=dict)
     priority_tenants: tuple = ()

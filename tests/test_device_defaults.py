@@ -14,6 +14,26 @@ DEVICE_KEYS = ("weight_format", "kv_dtype", "block_size", "max_batch_size",
                "memory_utilization", "max_num_blocks")
 SWITCHES = [(role, dev) for role in ("prefill", "decode") for dev in catalog.devices()
             if dev != SCENARIO[role]["device"]]
+GPUS = [dev for dev in catalog.devices() if catalog.device(dev).kind == "gpu"]
+GIB = 2 ** 30
+
+
+def vllm_serve_max_num_seqs(device: str) -> int:
+    """vLLM V1's default max_num_seqs for `vllm serve` (vllm/engine/arg_utils.py): a GPU of at
+    least 70 GiB whose name does not contain "a100" gets 1024, any other GPU 256."""
+    spec = catalog.device(device)
+    large = spec.memory_bytes >= 70 * GIB and "a100" not in spec.name.lower()
+    return 1024 if large else 256
+
+
+@pytest.mark.parametrize("device", GPUS)
+def test_a_gpu_takes_vllms_default_max_num_seqs(device):
+    assert catalog.device(device).serving.max_batch_size == vllm_serve_max_num_seqs(device)
+
+
+def test_the_vllm_rule_tells_the_a100s_from_the_larger_gpus():
+    assert {d: vllm_serve_max_num_seqs(d) for d in GPUS} == {
+        "a100-pcie": 256, "a100-sxm": 256, "h100-pcie": 1024, "h100-sxm": 1024, "h200": 1024}
 
 
 @pytest.mark.parametrize("role,device", SWITCHES)
@@ -32,7 +52,8 @@ def test_the_issue_config_no_longer_keeps_the_npu_settings(tmp_path):
                     '[cluster.link]\nmechanism = "GG-Direct"\n')
     decode = load_config(path).cluster.decode
     assert (decode.weight_format, decode.kv_dtype, decode.block_size, decode.max_num_blocks,
-            decode.max_batch_size) == ("bfloat16", "fp8", 16, None, 128)
+            decode.max_batch_size) == ("bfloat16", "fp8", 16, None,
+                                       vllm_serve_max_num_seqs("a100-sxm"))
     result = simulate(load_config(path).replace(**{"workload.num_requests": 40}))
     # all free memory of 4x 80 GB after bfloat16 weights: far more than the NPU's 2048 blocks
     assert result.stats["decode_capacity_blocks"] > 10 * 2048
@@ -41,13 +62,16 @@ def test_the_issue_config_no_longer_keeps_the_npu_settings(tmp_path):
 def test_the_default_scenario_resolves_to_the_paper_settings():
     cl = RunConfig().cluster
     explicit = from_dict({"cluster": {
-        "prefill": dict(device="a100-pcie", tp=4, max_batch_size=32, max_batch_tokens=8192,
+        "prefill": dict(device="a100-pcie", tp=4, max_batch_size=32, max_batch_tokens=2048,
                         block_size=16, kv_dtype="fp8", weight_format="bfloat16",
                         memory_utilization=0.9),
         "decode": dict(device="p150a", tp=4, max_batch_size=32, block_size=32,
                        kv_dtype="bfloat8_b", weight_format="tt-mixed", max_num_blocks=2048,
                        memory_utilization=0.9)}})
     assert cl == explicit.cluster
+    from sim.paper import serving_config      # hawk paper's GN-HAWK Chatbot configuration
+
+    assert cl == serving_config("GN-HAWK").cluster
     a = simulate(RunConfig().replace(**{"workload.num_requests": 150})).records
     b = simulate(explicit.replace(**{"workload.num_requests": 150})).records
     assert a.equals(b)
@@ -57,7 +81,8 @@ def test_the_scenario_assumptions_stay_on_the_scenario_device():
     prefill = RunConfig().cluster.prefill
     assert (prefill.kv_dtype, prefill.sources["kv_dtype"]) == ("fp8", "scenario")
     moved = RunConfig().replace(**{"cluster.prefill.device": "h100-pcie"}).cluster.prefill
-    assert (moved.kv_dtype, moved.max_batch_size) == ("bfloat16", 128)
+    assert (moved.kv_dtype, moved.max_batch_size) == ("bfloat16",
+                                                      vllm_serve_max_num_seqs("h100-pcie"))
 
 
 def test_replace_changes_what_was_set_not_what_was_resolved():

@@ -303,6 +303,11 @@ def _trace_for(args, config: RunConfig):
     start, end = parse_window(args.window)
     spec = ShapeSpec(start_s=start, end_s=end,
                      rate_scale=1.0 if args.rate_scale is None else args.rate_scale)
+    if args.stream:                         # read in blocks, never whole (traces.trace_stream)
+        from traces.trace_stream import open_stream
+
+        return open_stream(path, args.trace_format, args.skip_bad, num, duration, spec,
+                           args.window is not None, quiet=args.json)
     trace, report = load_trace(path, args.trace_format, skip_bad=args.skip_bad,
                                max_requests=num if args.window is None else None)
     trace, shaped = shape(trace, spec)

@@ -149,8 +149,6 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     if stream is None:
         trace = trace if trace is not None else workload_trace(config)
         check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
-    elif trace is None and config.workload.trace is not None:
-        trace = workload_trace(config)      # a trace file streams from memory
     cl = config.cluster
     parts = _parts(config, predictors, pricing)
     model, (prefill_pred, decode_pred), pricing = parts.model, parts.predictors, parts.pricing

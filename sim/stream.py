@@ -35,6 +35,7 @@ from sim.run_size import STREAM_MIN_REQUESTS, check_run_size
 from traces.chunks import CHUNK_SIZE
 from traces.record_stream import ROWS_PER_GROUP
 from traces.schema import Status
+from traces.trace import Trace
 
 NAN = math.nan
 
@@ -66,16 +67,21 @@ def use_streaming(num_requests: float | None, flag: bool | None) -> bool:
 
 
 def request_source(config, trace, chunk_size: int):
-    """The run's requests in chunks: ``trace`` if given, else the config's synthetic
-    workload generated chunk by chunk (a trace file is read by the caller)."""
-    from traces.chunks import trace_source, workload_source
+    """The run's requests in chunks: ``trace`` (a ``Trace`` or a ``RequestSource``) if given,
+    else the config's trace file read in blocks (``traces.trace_stream``) or its synthetic
+    workload generated chunk by chunk."""
+    from traces.chunks import RequestSource, trace_source, workload_source
 
     w = config.workload
+    if isinstance(trace, RequestSource):
+        return trace
     if trace is not None:
         return trace_source(trace, chunk_size)
     if w.trace is not None:
-        raise ConfigError(f"workload.trace = {w.trace!r}: read it first (sim.cluster."
-                          f"workload_trace) and stream the trace")
+        from traces.trace_stream import TraceStream, stream_source
+
+        return stream_source(TraceStream(Path(w.trace), num_requests=w.num_requests,
+                                         duration_s=w.duration_s), chunk_size)
     return workload_source(w.name, w.rate, w.num_requests, w.duration_s, config.seed,
                            chunk_size)
 
@@ -94,7 +100,7 @@ def open_ledger(config, trace, stream: Stream, cut_at: float | None,
         raise ConfigError(f"cluster.policies.fairness = {config.cluster.policies.fairness!r} "
                           f"reads the whole trace's tenants; run it without streaming")
     check_run_size(source.n, what=f"a streamed run of {source.n:,} requests", streamed=True,
-                   trace_held=trace is not None)
+                   trace_held=isinstance(trace, Trace))
     aggregate = RecordsAggregate(config.slo.ttft_s, config.slo.tpot_s, stream.relative_accuracy)
     writer = RecordWriter(stream.records_path, stream.rows_per_group, on_group=aggregate.add)
     return StreamLedger(source, writer, cut_at, aggregate)

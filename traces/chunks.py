@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Iterator
 
 import numpy as np
@@ -53,6 +54,12 @@ class RequestSource:
     name: str
     chunks: Callable[[], Iterator[RequestChunk]]
     has_tenant: bool = False
+    #: a picklable ``recipe(chunk_size=...)`` that makes this source again in another
+    #: process (a cell's worker), or None
+    recipe: Callable[..., "RequestSource"] | None = None
+
+    def __len__(self) -> int:
+        return self.n
 
 
 def trace_source(trace: Trace, chunk_size: int = CHUNK_SIZE) -> RequestSource:
@@ -64,7 +71,8 @@ def trace_source(trace: Trace, chunk_size: int = CHUNK_SIZE) -> RequestSource:
                                trace.num_prompt_tokens[part], trace.num_output_tokens[part],
                                None if trace.tenant is None else trace.tenant[part])
 
-    return RequestSource(len(trace), trace.name, chunks, trace.tenant is not None)
+    return RequestSource(len(trace), trace.name, chunks, trace.tenant is not None,
+                         recipe=partial(trace_source, trace))
 
 
 def workload_source(name: str, rate: float, num_requests: int | None = None,
@@ -102,7 +110,9 @@ def workload_source(name: str, rate: float, num_requests: int | None = None,
                                prompt.astype(np.int64), output.astype(np.int64))
             lo += k
 
-    return RequestSource(n, f"{name}@{rate:g}", chunks)
+    return RequestSource(n, f"{name}@{rate:g}", chunks,
+                         recipe=partial(workload_source, name, rate, num_requests, duration_s,
+                                        seed))
 
 
 def _count_arrivals(rng: np.random.Generator, rate: float, num_requests: int | None,
@@ -126,6 +136,37 @@ def _count_arrivals(rng: np.random.Generator, rate: float, num_requests: int | N
             drawn += k
         if not blocks_until_past or last >= duration_s:
             return drawn, kept
+
+
+def rechunk(parts: Iterator[dict], chunk_size: int, n: int | None = None
+            ) -> Iterator[RequestChunk]:
+    """Column blocks of any sizes (``RequestChunk``'s columns as a dict, tenant None when
+    absent) as chunks of ``chunk_size`` requests numbered from 0; stops after ``n``."""
+    names = ("request_id", "arrival_at", "num_prompt_tokens", "num_output_tokens", "tenant")
+    held: list[dict] = []
+    num_held = start = 0
+    for part in parts:
+        if len(part["arrival_at"]):
+            held.append(part)
+            num_held += len(part["arrival_at"])
+        while num_held >= chunk_size or (n is not None and start + num_held >= n and held):
+            k = chunk_size if n is None else min(chunk_size, n - start)
+            if k <= 0:
+                return
+            joined = {c: None if held[0][c] is None else np.concatenate([p[c] for p in held])
+                      for c in names}
+            yield RequestChunk(start, *(None if joined[c] is None else joined[c][:k]
+                                        for c in names))
+            rest = {c: None if v is None else v[k:] for c, v in joined.items()}
+            held = [rest] if len(rest["arrival_at"]) else []
+            num_held -= k
+            start += k
+            if n is not None and start >= n:
+                return
+    if held and num_held:
+        joined = {c: None if held[0][c] is None else np.concatenate([p[c] for p in held])
+                  for c in names}
+        yield RequestChunk(start, *(joined[c] for c in names))
 
 
 def _sizes(n: int, chunk_size: int) -> Iterator[int]:

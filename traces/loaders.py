@@ -161,34 +161,79 @@ def load_trace(path, format: str | None = None, *, skip_bad: bool = False,
     if max_requests is not None and max_requests < 1:
         raise ValueError(f"max_requests must be >= 1, got {max_requests}")
     mapping = ColumnMapping.of(mapping)
-    blocks, parsed, problems, spec = [], [], [], None
-    num_rows = num_filtered = num_kept = 0
+    blocks, parsed, tally = [], [], Tally()
+    for raw, values, _bad in read_blocks(path, fmt, tally, skip_bad=skip_bad, mapping=mapping,
+                                         filters=filters, max_requests=max_requests):
+        blocks.append(raw)
+        parsed.append(values)
+    if not tally.num_kept:
+        raise ValueError(f"{path}: no requests left to load ({len(tally.problems)} bad rows, "
+                         f"{tally.num_filtered} filtered out of {tally.num_rows})")
+    raw = RawRows.concat(blocks)
+    raw.num_rows = tally.num_rows
+    values = {k: np.concatenate([v[k] for v in parsed]) for k in parsed[0]}
+    problems = sorted(tally.problems, key=lambda p: p[0])
+    return _assemble(path, fmt, raw, values, problems, tally.num_filtered, tally.spec,
+                     tally.read_to_end)
+
+
+@dataclass
+class Tally:
+    """What ``read_blocks`` has read so far: rows, kept and filtered counts, problems (line,
+    field, why, detail; kept only while ``keep_problems``), the column spec, the keys seen."""
+
+    num_rows: int = 0
+    num_kept: int = 0
+    num_filtered: int = 0
+    num_bad: int = 0
+    reasons: dict = field(default_factory=dict)
+    problems: list = field(default_factory=list)
+    keep_problems: bool = True
+    spec: ColumnMapping | None = None
+    columns: dict = field(default_factory=dict)
+    read_to_end: bool = False
+
+    def count(self, problems: list) -> None:
+        """Count each bad line once, by its first problem (``LoadReport.skipped_reasons``)."""
+        seen: set[int] = set()
+        for line, name, why, _ in sorted(problems, key=lambda p: p[0]):
+            if line not in seen:
+                seen.add(line)
+                self.reasons[f"{name}: {why}"] = self.reasons.get(f"{name}: {why}", 0) + 1
+        self.num_bad += len(seen)
+        if self.keep_problems:
+            self.problems += problems
+
+
+def read_blocks(path: Path, fmt: str, tally: Tally, *, skip_bad: bool = False,
+                mapping: ColumnMapping = ColumnMapping(), filters: dict | None = None,
+                max_requests: int | None = None, block_rows: int | None = None):
+    """The rows of ``path`` a block at a time (``block_rows``; None: all at once), filtered and
+    parsed: ``(raw, values, problems)`` per block, rows with problems still in. Raises the
+    first problem met unless ``skip_bad``; ``tally`` counts as it goes."""
     with open_rows(path, _container(fmt)) as rows:
-        while not rows.exhausted and (max_requests is None or num_kept < max_requests):
-            raw = rows.read(None if max_requests is None else max_requests - num_kept)
-            num_rows += raw.num_rows
-            problems += raw.bad
+        while not rows.exhausted and (max_requests is None or tally.num_kept < max_requests):
+            want = None if max_requests is None else max_requests - tally.num_kept
+            if block_rows is not None:
+                want = block_rows if want is None else min(want, block_rows)
+            raw = rows.read(want)
+            tally.num_rows += raw.num_rows
+            tally.columns.update(dict.fromkeys(raw.columns))
+            problems = list(raw.bad)
             if len(raw.lines) == 0:          # nothing but bad rows (or none) in this block
+                tally.count(problems)
                 _raise_first(problems, skip_bad, path, raw.unit)
                 continue
-            spec = spec or _spec(fmt, raw, mapping, path)
+            tally.spec = tally.spec or _spec(fmt, raw, mapping, path)
             raw, filtered = _apply_filters(raw, filters or {}, path)
-            values, bad = _convert(raw, spec, path, fmt)
+            values, bad = _convert(raw, tally.spec, path, fmt)
             problems += bad
+            tally.count(problems)
             _raise_first(problems, skip_bad, path, raw.unit)
-            num_kept += len(raw.lines) - len({line for line, *_ in bad})
-            blocks.append(raw)
-            parsed.append(values)
-            num_filtered += filtered
-        read_to_end = rows.exhausted
-    if not num_kept:
-        raise ValueError(f"{path}: no requests left to load ({len(problems)} bad rows, "
-                         f"{num_filtered} filtered out of {num_rows})")
-    raw = RawRows.concat(blocks)
-    raw.num_rows = num_rows
-    values = {k: np.concatenate([v[k] for v in parsed]) for k in parsed[0]}
-    problems.sort(key=lambda p: p[0])
-    return _assemble(path, fmt, raw, values, problems, num_filtered, spec, read_to_end)
+            tally.num_kept += len(raw.lines) - len({line for line, *_ in bad})
+            tally.num_filtered += filtered
+            yield raw, values, problems
+        tally.read_to_end = rows.exhausted
 
 
 def _raise_first(problems: list, skip_bad: bool, path: Path, unit: str) -> None:

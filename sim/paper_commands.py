@@ -40,7 +40,7 @@ def _clean(value):
 
 def handler(args) -> int:
     from sim.paper import run_paper
-    from sim.report import comparison_rows, write_report
+    from sim.report import comparison_rows, fit_text, write_report
 
     if args.out is not None:
         writable_dir(args.out)
@@ -55,18 +55,7 @@ def handler(args) -> int:
         err_s = "n/a" if not math.isfinite(err) else f"{100 * err:+.1f}%"
         print(f"{what:55s} ours {fmt(ours):>9s}  paper {fmt(paper):>9s}  {err_s}")
     if result.get("free_parameters"):
-        print(f"\nfit: {result['free_parameters']} free parameters for {result['num_targets']} "
-              f"targets (hawk calibrate --targets paper); residual = miss / tolerance")
-        print("LOO: the value of a refit that did not see the target (error: relative for "
-              "ratios, req/s for knees, points for gaps); noise: std over seeds at the fit")
-        print(f"{'target':55s} {'resid':>6s} {'LOO':>9s} {'LOO err':>8s} {'LOO res':>7s} "
-              f"{'noise':>7s}")
-        fmt = lambda x: "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
-        for row in result["fit"]:
-            le, lr = row.get("loo_error"), row.get("loo_residual")
-            print(f"{row['target']:55s} {row['residual']:+6.2f} {fmt(row.get('loo_value')):>9s} "
-                  f"{'' if le is None else f'{le:+8.3f}':>8s} "
-                  f"{'' if lr is None else f'{lr:+7.2f}':>7s} {fmt(row.get('noise')):>7s}")
+        print("\n" + fit_text(result))
     rows = result["checks"]
     print(f"\n{sum(r['holds'] for r in rows)} of {len(rows)} claims of the paper's section 6 hold "
           f"({sum(r['fitted'] for r in rows)} fitted, {sum(not r['fitted'] for r in rows)} "

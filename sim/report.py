@@ -77,25 +77,94 @@ def markdown(result: dict) -> str:
 
 
 def _fit_section(result: dict) -> list[str]:
-    """The fit behind the profile: counts, parameters, residuals here and leave-one-out."""
+    """The fit behind the profile: counts, parameters, and the per-target table."""
     if not result.get("free_parameters"):
         return []
-    lines = ["", "## The fit", "",
-             f"{result['free_parameters']} free parameters for {result['num_targets']} targets "
-             f"(`hawk calibrate --targets paper`; {result.get('fit_method', '')}). Residual = "
-             "miss / tolerance (15% for ratios, 0.05 req/s for knees, 2 points for gaps); "
-             "LOO = the target's value from a fit that did not see it.", "",
+    lines = ["", "## The fit", "", _fit_intro(result), "",
              "| parameter | start | fitted | bounds |", "|---|---|---|---|"]
     for name, p in result.get("parameters", {}).items():
         lines.append(f"| {name} | {_f(p['start'], 4)} | {_f(p['fitted'], 4)} | "
                      f"[{_f(p['low'], 4)}, {_f(p['high'], 4)}] |")
-    lines += ["", "| target | residual | LOO value | LOO residual |", "|---|---|---|---|"]
-    for name, r in result["residuals"].items():
-        loo = result["loo"].get(name, {})
-        lr = loo.get("residual")
-        lines.append(f"| {name} | {r:+.2f} | {_f(loo.get('value'))} | "
-                     f"{'n/a' if lr is None else f'{lr:+.2f}'} |")
+    lines += ["", "| " + " | ".join(FIT_COLUMNS) + " |", "|---" * len(FIT_COLUMNS) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in fit_table(result)]
     return lines
+
+
+#: the per-target fit table's columns (``fit_table``)
+FIT_COLUMNS = ("target", "paper", "fitted", "residual", "LOO", "LOO error", "LOO residual",
+               "noise", "this run")
+
+
+def _fit_intro(result: dict) -> str:
+    return (f"{result['free_parameters']} free parameters for {result['num_targets']} targets "
+            f"(`hawk calibrate --targets paper`; {result.get('fit_method', '')}). fitted: the "
+            "fitted model's value; residual = (fitted - paper) / tolerance (15% for ratios, "
+            "0.05 req/s for knees, 2 points for gaps; |residual| <= 1 holds); LOO: leave-one-"
+            "out, the value predicted by a refit that did not see the target; LOO error: LOO "
+            "against the paper (relative for ratios, req/s for knees, points for gaps); noise: "
+            "standard deviation over seeds at the fit; this run: the value this run measured "
+            "(its settings may differ from the fit's). A knee of \"never\": 90% attainment is "
+            "not reached.")
+
+
+def _value(kind: str, x) -> str:
+    """A target's value; a knee that is None or NaN is never reached; a gap in percent."""
+    if kind == "knee" and (x is None or (isinstance(x, float) and math.isnan(x))):
+        return "never"
+    if kind == "gap":
+        return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f}%"
+    return _f(x, 4)
+
+
+def _error(kind: str, e) -> str:
+    """A leave-one-out error in the target's own terms (``sim.fit_record.error``)."""
+    if e is None or not math.isfinite(e):
+        return "n/a"
+    if kind == "ratio":
+        return f"{100 * e:+.1f}%"
+    return f"{e:+.3f} req/s" if kind == "knee" else f"{100 * e:+.2f} pts"
+
+
+def _noise(kind: str, x) -> str:
+    """A standard deviation in the target's units (points for gaps)."""
+    if kind == "gap" and x is not None and math.isfinite(x):
+        return f"{100 * x:.2g} pts"
+    return _f(x, 2)
+
+
+def _signed(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:+.2f}"
+
+
+def fit_table(result: dict) -> list[tuple[str, ...]]:
+    """One row of ``FIT_COLUMNS`` per fitted target of ``result["fit"]`` (``sim.paper.
+    fit_summary``): the paper's value, the fit's value and residual, the leave-one-out value
+    with its error and residual, the noise over seeds and this run's value, as text."""
+    return [(r["target"], _value(r["kind"], r["paper"]), _value(r["kind"], r.get("fit_value")),
+             _signed(r.get("fit_residual")), _value(r["kind"], r.get("loo_value")),
+             _error(r["kind"], r.get("loo_error")), _signed(r.get("loo_residual")),
+             _noise(r["kind"], r.get("noise")), _value(r["kind"], r.get("ours")))
+            for r in result.get("fit", [])]
+
+
+def fit_text(result: dict) -> str:
+    """The fit table as ``hawk paper`` prints it (fixed-width columns); '' without a fit."""
+    if not result.get("free_parameters"):
+        return ""
+    rows = [FIT_COLUMNS] + fit_table(result)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(FIT_COLUMNS))]
+    lines = [f"fit: {result['free_parameters']} free parameters for {result['num_targets']} "
+             "targets (hawk calibrate --targets paper)",
+             "  fitted: the fitted model's value; residual = (fitted - paper) / tolerance "
+             "(15% for ratios, 0.05 req/s for knees, 2 points for gaps); |residual| <= 1 holds",
+             "  LOO (leave-one-out): the value of a refit that did not see the target, its error "
+             "against the paper and its residual",
+             "  noise: std over seeds at the fit; this run: the value measured here "
+             "(its settings may differ from the fit's); never: 90% attainment not reached", ""]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    return "\n".join(lines)
 
 
 #: what the growth of each TTFT stage (traces.metrics.TTFT_STAGES) says binds

@@ -82,7 +82,8 @@ def test_report_puts_paper_numbers_beside_ours(result, tmp_path):
     rows = {what: (ours, paper, err) for what, ours, paper, err in comparison_rows(result)}
     ours, paper_value, err = rows["Table 1 decode_ratio"]
     assert err == pytest.approx(ours / paper_value - 1)
-    assert "## The fit" in text and "| target | residual | LOO value | LOO residual |" in text
+    assert "## The fit" in text and "| target | paper | fitted | residual | LOO | LOO error |" \
+        in text
     assert f"{result['free_parameters']} free parameters for {result['num_targets']} targets" \
         in text
 

@@ -38,6 +38,7 @@ class RunResult:
     records: object                 # pandas DataFrame, traces.schema columns
     summary: dict
     stats: dict = field(default_factory=dict)
+    aggregate: object = None        # a streamed run's traces.aggregate.RecordsAggregate
 
 
 def make_predictor(config: RunConfig, inst: InstanceConfig) -> Predictor:
@@ -265,7 +266,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                               "complete": measured.profile.complete,
                               "extrapolated": measured.extrapolation()}
     summary["config"] = provenance(config)      # every resolved value and where it came from
-    return RunResult(config, records, summary, stats)
+    return RunResult(config, records, summary, stats,
+                     aggregate=None if stream is None else ledger.aggregate)
 
 
 def _power_and_cost(stats: dict, summary: dict, config: RunConfig,

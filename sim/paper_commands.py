@@ -40,31 +40,17 @@ def _clean(value):
 
 def handler(args) -> int:
     from sim.paper import run_paper
-    from sim.report import comparison_rows, fit_text, write_report
+    from sim import report
 
     if args.out is not None:
         writable_dir(args.out)
     result = run_paper(quick=args.quick, workers=args.workers)
     if args.out is not None:
-        write_report(result, args.out)
+        report.write_report(result, args.out)
     if args.json:
         print(dumps(_clean(result)))
         return 0
-    for what, ours, paper, err in comparison_rows(result):
-        fmt = lambda x: "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
-        err_s = "n/a" if not math.isfinite(err) else f"{100 * err:+.1f}%"
-        print(f"{what:55s} ours {fmt(ours):>9s}  paper {fmt(paper):>9s}  {err_s}")
-    if result.get("free_parameters"):
-        print("\n" + fit_text(result))
-    rows = result["checks"]
-    print(f"\n{sum(r['holds'] for r in rows)} of {len(rows)} claims of the paper's section 6 hold "
-          f"({sum(r['fitted'] for r in rows)} fitted, {sum(not r['fitted'] for r in rows)} "
-          f"predicted)")
-    for r in rows:
-        if not r["holds"]:
-            print(f"  does not hold ({'fitted' if r['fitted'] else 'predicted'}): {r['check']}")
-        elif r["fitted"] and not r.get("loo_holds", True):
-            print(f"  holds as fitted, not when left out of the fit: {r['check']}")
+    print(report.text(result))
     if args.out is not None:
         print(f"report: {args.out / 'report.md'}")
     return 0

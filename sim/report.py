@@ -1,8 +1,10 @@
 """The paper report: Markdown tables and PNG plots, every number beside the paper's.
 
 ``write_report(result, out_dir)`` takes the dict of ``sim.paper.run_paper`` and writes
-``report.md`` plus Figure 9-13 style plots (matplotlib, Agg backend). Relative error =
-ours / paper - 1; "n/a" where the paper gives no number or says "never".
+``report.md`` plus Figure 9-13 style plots (matplotlib, Agg backend); ``text(result)`` is what
+``hawk paper`` prints. Errors are in each check's terms: relative (ours / paper - 1) for
+ratios, ours - paper in req/s for knees and in points for throughput gaps; a knee that 90%
+attainment never reaches reads "never". ``comparison_rows`` keeps the plain relative errors.
 """
 
 from __future__ import annotations
@@ -25,10 +27,6 @@ def _f(x, digits: int = 3) -> str:
     return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:.0f}"
 
 
-def _pct(x) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.1f}%"
-
-
 def comparison_rows(result: dict) -> list[tuple[str, float, float, float]]:
     """(what, ours, paper, relative error) for every target of the paper's section 6."""
     from sim.paper_checks import target_values
@@ -38,13 +36,74 @@ def comparison_rows(result: dict) -> list[tuple[str, float, float, float]]:
             for kind, what, ours, paper in target_values(result)]
 
 
+#: the targets table's columns (``comparison_table``)
+COMPARISON_COLUMNS = ("quantity", "ours", "paper", "error")
+ERROR_TERMS = ("error: relative for ratios, ours - paper in req/s for knees and in points for "
+               "throughput gaps (the terms of each check's tolerance)")
+
+
+def comparison_table(result: dict) -> list[tuple[str, str, str, str]]:
+    """``COMPARISON_COLUMNS`` as text for every target of the paper's section 6: a knee the
+    paper or the model never reaches reads "never", a throughput gap reads in percent, the
+    error is in the target's own terms (``ERROR_TERMS``; ``sim.fit_record.error``)."""
+    from sim.fit_record import error
+    from sim.paper_checks import target_values
+
+    rows = []
+    for kind, what, ours, paper in target_values(result):
+        ok = ours is not None and math.isfinite(ours)
+        e = error(kind, ours, paper) if ok or kind == "knee" else None
+        rows.append((what + (" (req/s)" if kind == "knee" else ""), _value(kind, ours),
+                     _value(kind, paper), _error(kind, e)))
+    return rows
+
+
+def settings_line(result: dict) -> str:
+    """The run's sweep settings, in words (quick settings: knees on a coarse grid)."""
+    from sim.paper import sweep_settings
+
+    parts = []
+    for workload in result["sweeps"]:
+        s = sweep_settings(workload, result["quick"], result["profile"])
+        parts.append(f"{workload} rates {', '.join(f'{r:g}' for r in s['rates'])} req/s")
+    if parts:
+        parts.append(f"{s['num_requests']} requests per point, seeds "
+                     f"{', '.join(str(x) for x in s['seeds'])}")
+    kind = ("quick settings (hawk paper --quick): knees fall on this coarse rate grid"
+            if result["quick"] else "full settings")
+    return kind + (f"; {'; '.join(parts)}" if parts else "")
+
+
+def text(result: dict) -> str:
+    """What ``hawk paper`` prints: settings, the targets, the fit table and the claims."""
+    table = [COMPARISON_COLUMNS] + comparison_table(result)
+    widths = [max(len(row[i]) for row in table) for i in range(len(COMPARISON_COLUMNS))]
+    lines = [f"hawk paper: profile {result['profile']}, {settings_line(result)}", ERROR_TERMS,
+             ""]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(row, widths))) for row in table]
+    if result.get("free_parameters"):
+        lines += ["", fit_text(result)]
+    rows = result["checks"]
+    lines += ["", f"{sum(r['holds'] for r in rows)} of {len(rows)} claims of the paper's "
+              f"section 6 hold ({sum(r['fitted'] for r in rows)} fitted, "
+              f"{sum(not r['fitted'] for r in rows)} predicted)"]
+    for r in rows:
+        if not r["holds"]:
+            lines.append(f"  does not hold ({'fitted' if r['fitted'] else 'predicted'}): "
+                         f"{r['check']}")
+        elif r["fitted"] and not r.get("loo_holds", True):
+            lines.append(f"  holds here, not by the leave-one-out prediction: {r['check']}")
+    return "\n".join(lines)
+
+
 def markdown(result: dict) -> str:
     lines = ["# HAWK paper reproduction (simulated)", "",
-             f"Profile `{result['profile']}`; quick settings: {result['quick']}.", "",
-             "## Targets (the paper's section 6)", "", "| quantity | ours | paper | rel. error |",
-             "|---|---|---|---|"]
-    for what, ours, paper, err in comparison_rows(result):
-        lines.append(f"| {what} | {_f(ours)} | {_f(paper)} | {_pct(err)} |")
+             f"Profile `{result['profile']}`, {settings_line(result)}.", "",
+             "## Targets (the paper's section 6)", "", ERROR_TERMS[0].upper() + ERROR_TERMS[1:]
+             + ".", "", "| " + " | ".join(COMPARISON_COLUMNS) + " |", "|---|---|---|---|"]
+    for row in comparison_table(result):
+        lines.append("| " + " | ".join(row) + " |")
     lines += _checks_section(result)
     lines += _fit_section(result)
     lines += ["", "## Figure 9: latency normalised to GG-Host", "",

@@ -78,7 +78,7 @@ def test_serving_orderings(result):
 def test_report_puts_paper_numbers_beside_ours(result, tmp_path):
     path = write_report(result, tmp_path)
     text = path.read_text()
-    assert "| quantity | ours | paper | rel. error |" in text
+    assert "| quantity | ours | paper | error |" in text
     rows = {what: (ours, paper, err) for what, ours, paper, err in comparison_rows(result)}
     ours, paper_value, err = rows["Table 1 decode_ratio"]
     assert err == pytest.approx(ours / paper_value - 1)

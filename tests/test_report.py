@@ -8,7 +8,8 @@ import pytest
 
 from sim import paper
 from sim.paper_checks import TARGETS, load_fit_record
-from sim.report import FIT_COLUMNS, fit_table, fit_text, markdown
+from sim.report import (COMPARISON_COLUMNS, FIT_COLUMNS, comparison_table, fit_table, fit_text,
+                        markdown)
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +102,41 @@ def test_no_fit_record_no_fit_table(record):
     result = make_result(record)
     result.update(free_parameters=None, fit=[])
     assert fit_text(result) == "" and "## The fit" not in markdown(result)
+
+
+def test_the_targets_table_gives_each_error_in_its_checks_terms(record):
+    result = make_result(record, knee=0.45)
+    result["knees"]["chatbot"]["GN-Host"] = None                 # never reaches 90%
+    result["throughput_at_knee"]["chatbot"] = {"GN-HAWK": 97.0, "GG-Direct": 100.0}
+    rows = {row[0]: row[1:] for row in comparison_table(result)}
+    ours, paper_value, err = rows["chatbot knee GG-Direct (req/s)"]
+    assert (ours, paper_value) == ("0.45", "0.65")
+    assert err == f"{0.45 - TARGETS['knees']['chatbot']['GG-Direct']:+.3f} req/s"   # not -31%
+    assert rows["chatbot knee GN-Host (req/s)"] == ("never", "never", "+0.000 req/s")
+    gap = rows["chatbot GN-HAWK throughput at knee vs GG-Direct"]
+    assert gap == ("-3.00%", "-0.48%", "-2.52 pts")
+    ratio = rows["Table 1 decode_ratio"]
+    assert ratio[2] == f"{100 * (record['Table 1 decode_ratio']['fit_value'] / 1.16 - 1):+.1f}%"
+    assert "| " + " | ".join(COMPARISON_COLUMNS) + " |" in markdown(result)
+
+
+def test_hawk_paper_says_its_settings_and_which_checks_lean_on_the_fit(record, monkeypatch,
+                                                                        capsys):
+    from sim.cli import main
+
+    result = make_result(record)
+    result["sweeps"] = {"chatbot": {}}
+    result["checks"] = [
+        {"check": "claim A", "holds": True, "fitted": True, "loo_holds": False},
+        {"check": "claim B", "holds": False, "fitted": False},
+        {"check": "claim C", "holds": True, "fitted": True, "loo_holds": True}]
+    monkeypatch.setattr(paper, "run_paper", lambda quick, workers: result)
+    assert main(["paper", "--quick"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rates = ", ".join(f"{r:g}" for r in paper.sweep_settings("chatbot", True)["rates"])
+    assert out[0].startswith("hawk paper: profile paper, quick settings (hawk paper --quick)")
+    assert f"chatbot rates {rates} req/s" in out[0]
+    assert "2 of 3 claims of the paper's section 6 hold (2 fitted, 1 predicted)" in out
+    assert "  holds here, not by the leave-one-out prediction: claim A" in out
+    assert "  does not hold (predicted): claim B" in out
+    assert not any("claim C" in line for line in out)

@@ -30,6 +30,16 @@ def error(kind: str, value, paper: float) -> float | None:
     return value / paper - 1.0 if kind == "ratio" else value - paper
 
 
+def error_text(kind: str, e) -> str:
+    """An ``error`` in its target's own terms: percent for ratios, req/s for knees, points
+    for throughput gaps; "n/a" without one."""
+    if e is None or not math.isfinite(e):
+        return "n/a"
+    if kind == "ratio":
+        return f"{100 * e:+.1f}%"
+    return f"{e:+.3f} req/s" if kind == "knee" else f"{100 * e:+.2f} pts"
+
+
 def fit_record(result, targets, params, noise: dict[str, float], settings: dict) -> dict:
     """The record of one ``sim.calibrate.fit`` run (``result``) on ``targets``."""
     return {
@@ -89,8 +99,8 @@ def _key(k: str) -> str:
     return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else '"' + k + '"'
 
 
-def _fmt(x) -> str:
-    return "never" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
+def _fmt(x, digits: int = 4) -> str:
+    return "never" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}g}"
 
 
 def report_lines(record: dict) -> str:
@@ -103,14 +113,15 @@ def report_lines(record: dict) -> str:
         rows.append(f"{name:45s} {p['start']:10.4g} {p['fitted']:10.4g}  "
                     f"[{p['low']:.4g}, {p['high']:.4g}]")
     rows += ["", "residual = miss / tolerance (1: just missed); LOO: from a refit without the "
-             "target; noise: std over seeds at the fit", "",
+             "target, its error against the paper (relative for ratios, req/s for knees, points "
+             "for gaps); noise: std over seeds at the fit", "",
              f"{'target':55s} {'paper':>7s} {'fit':>7s} {'resid':>6s} {'LOO':>7s} "
-             f"{'LOO err':>8s} {'LOO res':>7s} {'moved':>6s} {'noise':>7s}"]
+             f"{'LOO err':>12s} {'LOO res':>7s} {'moved':>6s} {'noise':>7s}"]
     for name, t in record["targets"].items():
-        lr, le = t.get("loo_residual"), t.get("loo_error")
+        lr = t.get("loo_residual")
         rows.append(f"{name:55s} {_fmt(t['paper']):>7s} {_fmt(t.get('fit_value')):>7s} "
                     f"{t['residual']:+6.2f} {_fmt(t.get('loo_value')):>7s} "
-                    f"{'' if le is None else f'{le:+8.3f}':>8s} "
-                    f"{'' if lr is None else f'{lr:+7.2f}':>7s} {_fmt(t.get('loo_move')):>6s} "
+                    f"{error_text(t['kind'], t.get('loo_error')):>12s} "
+                    f"{'' if lr is None else f'{lr:+7.2f}':>7s} {_fmt(t.get('loo_move'), 2):>6s} "
                     f"{_fmt(t.get('noise')):>7s}")
     return "\n".join(rows)

@@ -176,12 +176,9 @@ def _value(kind: str, x) -> str:
 
 
 def _error(kind: str, e) -> str:
-    """A leave-one-out error in the target's own terms (``sim.fit_record.error``)."""
-    if e is None or not math.isfinite(e):
-        return "n/a"
-    if kind == "ratio":
-        return f"{100 * e:+.1f}%"
-    return f"{e:+.3f} req/s" if kind == "knee" else f"{100 * e:+.2f} pts"
+    from sim.fit_record import error_text
+
+    return error_text(kind, e)
 
 
 def _noise(kind: str, x) -> str:

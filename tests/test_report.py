@@ -140,3 +140,13 @@ def test_hawk_paper_says_its_settings_and_which_checks_lean_on_the_fit(record, m
     assert "  holds here, not by the leave-one-out prediction: claim A" in out
     assert "  does not hold (predicted): claim B" in out
     assert not any("claim C" in line for line in out)
+
+
+def test_hawk_calibrates_printout_gives_loo_errors_in_each_targets_terms(record):
+    from sim.fit_record import report_lines
+
+    lines = report_lines(load_fit_record("paper")).splitlines()
+    for name, t in record.items():
+        line = next(x for x in lines if x.startswith(name + " "))
+        unit = {"ratio": "%", "knee": " req/s", "gap": " pts"}[t["kind"]]
+        assert unit in line, name

@@ -126,6 +126,10 @@ class CellJob:
     prefill_offset: int         # global index of its first prefill instance
     decode_offset: int
 
+    @property
+    def num_requests(self) -> int:
+        return len(self.trace)
+
 
 @dataclass(frozen=True)
 class CellOutcome:
@@ -160,16 +164,21 @@ def run_cell(job: CellJob) -> CellOutcome:
         result = simulate(job.config, job.trace)
         records = cell_records(result.records, job)
     except Exception as exc:        # crosses a process boundary; the parent raises CellError
-        origin = exc            # SimPy re-raises a process's error as a copy caused by it
-        while origin.__cause__ is not None and origin.__cause__.__traceback__ is not None:
-            origin = origin.__cause__
-        where = traceback.extract_tb(origin.__traceback__)[-1]
         return CellOutcome(job.index, None, {}, math.nan, math.nan, time.perf_counter() - wall,
-                           error=f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}"
-                                 f":{where.lineno} in {where.name})")
+                           error=error_text(exc))
     stats = {k: v for k, v in result.stats.items() if k != "in_system"}
     return CellOutcome(job.index, records, stats, result.summary["slo_attainment"],
                        result.summary["simulated_time_s"], time.perf_counter() - wall)
+
+
+def error_text(exc: BaseException) -> str:
+    """An error as text that crosses a process boundary, with where it was raised."""
+    origin = exc                # SimPy re-raises a process's error as a copy caused by it
+    while origin.__cause__ is not None and origin.__cause__.__traceback__ is not None:
+        origin = origin.__cause__
+    where = traceback.extract_tb(origin.__traceback__)[-1]
+    return (f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno} "
+            f"in {where.name})")
 
 
 def records_schema(columns):
@@ -258,12 +267,22 @@ class CellsResult:
 
 def simulate_cells(config: RunConfig, trace: Trace | None = None, *, workers: int | None = None,
                    ray_address: str | None = None, records_path: Path | None = None,
-                   progress: bool = False) -> CellsResult:
+                   progress: bool = False, stream=None) -> CellsResult:
     """Run ``trace`` (default: the config's workload) through ``config.cells.count`` cells,
     on ``workers`` local processes (1: in this process) or on Ray (``ray_address``, as
     ``sim.sweep.run_parallel``). ``records_path``: where the merged records go (Parquet);
-    without it they are merged in a temporary folder for the summary and removed."""
+    without it they are merged in a temporary folder for the summary and removed.
+    ``stream`` (a ``sim.stream.Stream``): every cell streams, writing its own part of the
+    records dataset at ``records_path``, and the parent merges the cells' aggregates
+    (``sim.cells_stream``); ``trace`` may then be a ``traces.chunks.RequestSource``."""
     from sim.cells_summary import merged_summary
+
+    if stream is not None:
+        from sim.cells_stream import simulate_cells_streamed
+
+        return simulate_cells_streamed(config, trace, stream, workers=workers,
+                                       ray_address=ray_address, records_path=records_path,
+                                       progress=progress)
     from sim.sweep import iter_parallel
 
     clock = [time.perf_counter()]
@@ -323,7 +342,7 @@ def cells_section(config: RunConfig, jobs: list[CellJob], outcomes: list[CellOut
     return {"count": config.cells.count, "instances": config.cells.instances,
             "prefill_instances_per_cell": prefill, "decode_instances_per_cell": decode,
             "split_rule": SPLIT_RULE,
-            "num_requests": [len(c[0].trace) if c else 0 for c in cells],
+            "num_requests": [c[0].num_requests if c else 0 for c in cells],
             "seed": [c[0].config.seed if c else None for c in cells],
             "simulated_time_s": [c[1].simulated_time_s if c else 0.0 for c in cells],
             "slo_attainment": [c[1].slo_attainment if c else math.nan for c in cells]}
@@ -347,6 +366,12 @@ def cells_trace(config: RunConfig, workers: int | None) -> Trace:
     return make_workload(w.name, w.rate, w.num_requests, w.duration_s, seed=config.seed)
 
 
+def failed(job, outcome) -> CellError:
+    """The error of a cell that failed, naming the cell, its share and its seed."""
+    return CellError(f"cell {job.index} of {job.num_cells} ({job.num_requests:,} requests, "
+                     f"seed {job.config.seed}) failed: {outcome.error}")
+
+
 def _run_jobs(jobs: list[CellJob], folder: Path, workers, ray_address, progress,
               iter_parallel) -> tuple[list[Path], list[CellOutcome]]:
     """Each cell's records file in ``folder`` (in cell order) and its outcome, records
@@ -359,9 +384,7 @@ def _run_jobs(jobs: list[CellJob], folder: Path, workers, ray_address, progress,
                                         desc="cells"):
             job = jobs[k]
             if outcome.error is not None:
-                raise CellError(f"cell {job.index} of {job.num_cells} ({len(job.trace):,} "
-                                f"requests, seed {job.config.seed}) "
-                                f"failed: {outcome.error}")
+                raise failed(job, outcome)
             paths[k] = folder / f"cell-{job.index:04d}.parquet"
             paths[k].write_bytes(outcome.records)
             outcomes[k] = dataclasses.replace(outcome, records=None)

@@ -12,6 +12,9 @@ request), never the records, and the numbers equal ``metrics.summarize`` on the 
 (the longest cell's), utilisation over every instance of every cell, decode occupancy, power
 and cost of the whole cluster and the config (``sim.cells`` adds its ``cells`` section).
 Wall-clock times are left out, so the summary is the same bytes however the cells ran.
+
+``aggregate_summary`` gives the same keys for cells that streamed (``sim.cells_stream``) from
+their merged ``traces.aggregate.RecordsAggregate``: counts exact, percentiles sketched.
 """
 
 from __future__ import annotations
@@ -136,19 +139,37 @@ def merged_summary(path, config, cluster, stats: dict, span_s: float) -> dict:
     """The summary of a cells run (module docstring) from its merged records at ``path``:
     ``config`` the run's, ``cluster`` the whole cluster's (every cell's instances), ``stats``
     every instance's (``sim.cells.pooled_stats``), ``span_s`` the longest cell's time."""
-    from sim.cluster import _power_and_cost
-    from sim.config import provenance
-
     slo = config.slo
     summary = summarize_file(path, slo.ttft_s, slo.tpot_s)
     tenants = tenants_of_file(path, slo.ttft_s, slo.tpot_s)
     if tenants is not None:
         summary["tenants"] = tenants
-    summary["simulated_time_s"] = span_s
     decode_spans = _gather(path, ("first_token_at", "finished_at"),
                            lambda f: (f["finished_at"] - f["first_token_at"]).to_numpy(float))
+    return _whole_cluster(summary, config, cluster, stats, span_s, float(np.nansum(decode_spans)))
+
+
+def aggregate_summary(aggregate, config, cluster, stats: dict, span_s: float) -> dict:
+    """The summary of a streamed cells run from the merge of its cells'
+    ``traces.aggregate.RecordsAggregate``: exact counts, sketched percentiles (its
+    ``percentiles`` entry states the bound), the rest as ``merged_summary``."""
+    summary = aggregate.summary()
+    tenants = aggregate.tenant_rows()
+    if tenants is not None:
+        summary["tenants"] = tenants
+    return _whole_cluster(summary, config, cluster, stats, span_s, aggregate.decode_span_s)
+
+
+def _whole_cluster(summary: dict, config, cluster, stats: dict, span_s: float,
+                   decode_span_s: float) -> dict:
+    """What ``sim.cluster.simulate`` adds to a summary, over every cell: simulated time,
+    utilisation and decode occupancy, power and cost, the config."""
+    from sim.cluster import _power_and_cost
+    from sim.config import provenance
+
+    summary["simulated_time_s"] = span_s
     slots = len(stats["decode_busy_s"]) * config.cluster.decode.max_batch_size
-    occupancy = float(np.nansum(decode_spans)) / span_s / slots if span_s > 0 else math.nan
+    occupancy = decode_span_s / span_s / slots if span_s > 0 else math.nan
     summary.update(metrics.utilization(stats, span_s, occupancy))
     summary.update(_power_and_cost(stats, summary, cluster))
     summary["config"] = provenance(config)

@@ -236,7 +236,7 @@ def _simulate_cells(args, config: RunConfig, trace, trace_info) -> int:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     result = simulate_cells(config, trace, workers=args.workers, ray_address=args.ray,
                             records_path=args.out / "records.parquet" if args.out else None,
-                            progress=not args.json)
+                            progress=not args.json, stream=_stream_for(args, config, trace))
     summary = result.summary
     if trace_info is not None:
         summary["trace"] = trace_info

@@ -43,12 +43,16 @@ NAN = math.nan
 @dataclass(frozen=True)
 class Stream:
     """How a run streams: where its records go (a dataset directory, or None for none),
-    rows per row group, requests per chunk of inputs, the percentile sketches' accuracy."""
+    rows per row group, requests per chunk of inputs, the percentile sketches' accuracy, and
+    for a cell of a cluster (``sim.cells_stream``) its ``place``: (cell index, its first
+    prefill instance, its first decode instance), so that records name instances globally
+    and carry a ``cell`` column as ``sim.cells.cell_records`` writes them."""
 
     records_path: Path | None = None
     rows_per_group: int = ROWS_PER_GROUP
     chunk_size: int = CHUNK_SIZE
     relative_accuracy: float = 0.01
+    place: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("rows_per_group", "chunk_size"):
@@ -57,6 +61,9 @@ class Stream:
         if not 0 < self.relative_accuracy < 1:
             raise ConfigError(f"stream relative_accuracy must be in (0, 1), got "
                               f"{self.relative_accuracy}")
+        if self.place is not None and (len(self.place) != 3 or min(self.place) < 0):
+            raise ConfigError(f"stream place must be (cell, prefill offset, decode offset), "
+                              f"each >= 0, got {self.place}")
 
 
 def use_streaming(num_requests: float | None, flag: bool | None) -> bool:
@@ -103,7 +110,7 @@ def open_ledger(config, trace, stream: Stream, cut_at: float | None,
                    trace_held=isinstance(trace, Trace))
     aggregate = RecordsAggregate(config.slo.ttft_s, config.slo.tpot_s, stream.relative_accuracy)
     writer = RecordWriter(stream.records_path, stream.rows_per_group, on_group=aggregate.add)
-    return StreamLedger(source, writer, cut_at, aggregate)
+    return StreamLedger(source, writer, cut_at, aggregate, stream.place)
 
 
 class _Inputs(dict):
@@ -120,8 +127,10 @@ class _Inputs(dict):
 class StreamLedger:
     """``sim.ledger.Ledger``'s interface over the requests in the system only."""
 
-    def __init__(self, source, writer, cut_at: float | None = None, aggregate=None):
+    def __init__(self, source, writer, cut_at: float | None = None, aggregate=None,
+                 place: tuple[int, int, int] | None = None):
         self.n, self.source, self.writer, self.cut_at = source.n, source, writer, cut_at
+        self.place = place                    # a cell's (index, prefill, decode offsets)
         self.aggregate = aggregate            # fed by the writer's row groups, or None
         self.trace = None                     # no whole-trace columns (sim.prefill reads none)
         self.arrival_at = _Inputs()          # the router reads a request's arrival first
@@ -231,6 +240,12 @@ class StreamLedger:
                 cols[name] = np.where(values > self.cut_at, NAN, values)
         outputs = np.asarray(cols["num_output_tokens"], dtype=np.int64)
         cols["num_generated_tokens"] = np.where(cols["status"] == Status.OK.value, outputs, 0)
+        if self.place is not None:
+            cell, *offsets = self.place
+            for name, offset in zip(("prefill_instance", "decode_instance"), offsets):
+                index = np.asarray(cols[name], dtype=np.int64)
+                cols[name] = np.where(index >= 0, index + offset, index)
+            cols["cell"] = np.full(len(outputs), cell, dtype=np.int64)
         self.writer.append(cols)
 
     def close(self, error: BaseException | None = None) -> None:

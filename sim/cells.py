@@ -26,6 +26,10 @@ run side by side on a process pool or on Ray (``sim.sweep.iter_parallel``).
 
 A cell's records depend only on its config, its share and its seed, and the merge only on the
 files, so the merged records and summary are the same bytes whichever way the cells ran.
+
+With a ``sim.stream.Stream`` (``--stream``) the cells stream instead (``sim.cells_stream``):
+each makes its own share, writes its own part of the records dataset, and the parent merges
+their aggregates, not their records.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ The contract every format keeps:
 - ``request_id`` is the row's 0-based index among the file's data rows (header and blank
   lines not counted), unless ``mapping`` names an id column; a record leads back to its row.
 - Rows out of arrival order are sorted (stably) and counted in ``LoadReport.num_reordered``.
+  (``traces.trace_stream`` reads a file in blocks through ``read_blocks``, with the same
+  checks, and puts rows in order within a bounded window instead of sorting the whole file.)
 - A malformed row raises ``TraceFormatError`` naming file, line (``row`` for Parquet) and
   field. With ``skip_bad=True`` it is dropped and counted by reason. Values are never
   clipped or rewritten: a zero-token response is a bad row, not a one-token one.

@@ -5,9 +5,10 @@ One table per free parameter (start, bounds, fitted value) and per target: the p
 the fit's value and residual (miss / tolerance), the leave-one-out value (from a refit that
 did not see the target), its error and residual, how far that refit moved the parameters
 (``loo_move``: the largest change as a share of a parameter's log-scaled range; 0 means no
-step it tried did better without the target, so the fit's value stands), and the target's noise (standard deviation
-over seeds at the fit: what one seed's value may be off by). Errors are relative for ratios
-(value / paper - 1) and absolute for knees (req/s) and throughput gaps (points).
+step it tried did better without the target, so the fit's value stands), and the target's
+noise (standard deviation over seeds at the fit: what one seed's value may be off by). Errors
+are relative for ratios (value / paper - 1) and absolute for knees (req/s) and throughput gaps
+(points); ``error_text`` writes one in those terms.
 """
 
 from __future__ import annotations

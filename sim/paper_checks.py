@@ -9,8 +9,8 @@ our value, the paper's, the tolerance, whether it holds, and whether the paper p
 fitted to it (``fitted``: the target is one of those ``hawk calibrate --targets paper`` fits,
 sim/calibrate.py) or it is a prediction (orderings, TTFT and TPOT claims, the single buffer,
 GGH-Direct); a fitted check names its ``target``, so ``hawk paper`` can put beside it the
-value a refit that did not see it predicts (leave-one-out). Tolerances: knees within +-0.05 req/s, ratios within 15% relative, throughput
-gaps within 2 points of the paper's.
+value a refit that did not see it predicts (leave-one-out). Tolerances: knees within +-0.05
+req/s, ratios within 15% relative, throughput gaps within 2 points of the paper's.
 
 Both workloads are targets: Chatbot (SLOs TTFT 2 s, TPOT 0.2 s) and Summarization (TTFT 15 s,
 TPOT 0.2 s; GG-Host's knee "about 0.38 req/s" from its TTFT; GN-Host's is only "poor", so it
@@ -151,7 +151,7 @@ def _check(kind: str, what: str, ours, paper) -> dict:
         return _row(what, ours, paper, "15% relative",
                     _finite(ours) and abs(ours / paper - 1) <= RATIO_TOLERANCE, what)
     if kind == "gap":
-        return _row(what, ours, paper, f"within {THROUGHPUT_GAP:.0%} of the paper's",
+        return _row(what, ours, paper, f"within {100 * THROUGHPUT_GAP:g} points of the paper's",
                     _finite(ours) and abs(ours - paper) <= THROUGHPUT_GAP + 1e-12, what)
     if _finite(paper):
         return _row(what, ours, paper, "+-0.05 req/s",

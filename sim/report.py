@@ -268,12 +268,14 @@ def what_binds(summary: dict, ttft_slo_s: float, tpot_slo_s: float) -> dict:
 def _cell(x) -> str:
     if isinstance(x, dict):
         return ", ".join(f"{k} {v}" for k, v in x.items())
-    if isinstance(x, (list, tuple)):
-        return " / ".join(_f(v) for v in x)
+    if isinstance(x, (list, tuple)):                  # +inf: never (e.g. never over the SLO)
+        return " / ".join("never" if v == math.inf else _f(v) for v in x)
     return x if isinstance(x, str) else _f(x)
 
 
 def _checks_section(result: dict) -> list[str]:
+    from sim.paper_checks import paper_targets
+
     rows = result.get("checks") or []
     if not rows:
         return []
@@ -281,12 +283,18 @@ def _checks_section(result: dict) -> list[str]:
     lines = ["", "## Checks", "",
              f"{held} of {len(rows)} claims hold. \"fitted\": a target of `hawk calibrate "
              "--targets paper` (the profile's free parameters were fitted to it among all the "
-             "targets); \"predicted\": nothing was fitted to it.", "",
-             "| claim | ours | paper | tolerance | holds | |", "|---|---|---|---|---|---|"]
+             "targets); \"predicted\": nothing was fitted to it. LOO: whether a fitted "
+             "claim holds by the value a refit that did not see it predicts.", "",
+             "| claim | ours | paper | tolerance | holds | | LOO |", "|---" * 7 + "|"]
+    kinds = {t.name: t.kind for t in paper_targets()}
     for r in rows:
-        lines.append(f"| {r['check']} | {_cell(r['ours'])} | {_cell(r['paper'])} | "
-                     f"{r['tolerance']} | {'yes' if r['holds'] else '**no**'} | "
-                     f"{'fitted' if r['fitted'] else 'predicted'} |")
+        kind = kinds.get(r.get("target"))
+        ours, paper = ((_value(kind, r["ours"]), _value(kind, r["paper"])) if kind
+                       else (_cell(r["ours"]), _cell(r["paper"])))
+        loo = "" if "loo_holds" not in r else "yes" if r["loo_holds"] else "**no**"
+        lines.append(f"| {r['check']} | {ours} | {paper} | {r['tolerance']} | "
+                     f"{'yes' if r['holds'] else '**no**'} | "
+                     f"{'fitted' if r['fitted'] else 'predicted'} | {loo} |")
     return lines
 
 

@@ -150,3 +150,24 @@ def test_hawk_calibrates_printout_gives_loo_errors_in_each_targets_terms(record)
         line = next(x for x in lines if x.startswith(name + " "))
         unit = {"ratio": "%", "knee": " req/s", "gap": " pts"}[t["kind"]]
         assert unit in line, name
+
+
+def test_the_checks_table_says_which_fitted_claims_hold_by_leave_one_out(record):
+    result = make_result(record)
+    result["checks"] = [
+        {"check": "chatbot knee GG-Host", "target": "chatbot knee GG-Host", "ours": 0.4,
+         "paper": 0.4, "tolerance": "+-0.05 req/s", "holds": True, "fitted": True,
+         "loo_holds": False},
+        {"check": "chatbot GN-HAWK throughput at knee vs GG-Direct", "ours": -0.03,
+         "target": "chatbot GN-HAWK throughput at knee vs GG-Direct", "paper": -0.0048,
+         "tolerance": "within 2 points of the paper's", "holds": False, "fitted": True,
+         "loo_holds": True},
+        {"check": "TPOT reaches the SLO first", "target": None, "ours": [math.inf, 0.5],
+         "paper": None, "tolerance": "first rate over the TPOT SLO", "holds": False,
+         "fitted": False}]
+    text = markdown(result)
+    assert "| claim | ours | paper | tolerance | holds | | LOO |" in text
+    assert "| chatbot knee GG-Host | 0.4 | 0.4 | +-0.05 req/s | yes | fitted | **no** |" in text
+    assert ("| chatbot GN-HAWK throughput at knee vs GG-Direct | -3.00% | -0.48% | within 2 "
+            "points of the paper's | **no** | fitted | yes |") in text
+    assert "| TPOT reaches the SLO first | never / 0.5 | n/a |" in text

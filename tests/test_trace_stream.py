@@ -149,3 +149,15 @@ def test_hawk_simulate_trace_stream_reports_the_load_and_writes_a_dataset(tmp_pa
     assert summary["trace"]["load"]["num_reordered"] > 0
     assert "relative_accuracy" in summary["percentiles"]
     assert len(read_records(out / "records.parquet")) == 600
+
+
+@pytest.mark.parametrize("name", ["azure-llm-2023-conv.csv", "azure-llm-2023-code.csv"])
+def test_the_bundled_azure_traces_stream_as_they_load(name):
+    trace, report = load_trace(name)                # ISO 8601 date-times, in file order
+    spec = TraceStream(name, reorder_rows=8, block_rows=1000)
+    found = scan(spec)
+    assert found.report == report and found.n == len(trace)
+    chunks = list(stream_source(spec, chunk_size=4096, found=found).chunks())
+    for column in COLUMNS[:4]:
+        assert np.array_equal(np.concatenate([getattr(c, column) for c in chunks]),
+                              getattr(trace, column)), column

@@ -271,22 +271,13 @@ class CellsResult:
 
 def simulate_cells(config: RunConfig, trace: Trace | None = None, *, workers: int | None = None,
                    ray_address: str | None = None, records_path: Path | None = None,
-                   progress: bool = False, stream=None) -> CellsResult:
+                   progress: bool = False) -> CellsResult:
     """Run ``trace`` (default: the config's workload) through ``config.cells.count`` cells,
     on ``workers`` local processes (1: in this process) or on Ray (``ray_address``, as
     ``sim.sweep.run_parallel``). ``records_path``: where the merged records go (Parquet);
     without it they are merged in a temporary folder for the summary and removed.
-    ``stream`` (a ``sim.stream.Stream``): every cell streams, writing its own part of the
-    records dataset at ``records_path``, and the parent merges the cells' aggregates
-    (``sim.cells_stream``); ``trace`` may then be a ``traces.chunks.RequestSource``."""
+    (``sim.cells_stream.simulate_cells_streamed``: the same with every cell streaming.)"""
     from sim.cells_summary import merged_summary
-
-    if stream is not None:
-        from sim.cells_stream import simulate_cells_streamed
-
-        return simulate_cells_streamed(config, trace, stream, workers=workers,
-                                       ray_address=ray_address, records_path=records_path,
-                                       progress=progress)
     from sim.sweep import iter_parallel
 
     clock = [time.perf_counter()]

@@ -138,10 +138,17 @@ def streamed_jobs(config: RunConfig, requests, stream, records_path: Path | None
     return jobs
 
 
-def simulate_cells_streamed(config: RunConfig, requests, stream, *, workers=None,
+def simulate_cells_streamed(config: RunConfig, requests=None, stream=None, *, workers=None,
                             ray_address=None, records_path=None,
                             progress: bool = False) -> CellsResult:
-    """``sim.cells.simulate_cells`` with every cell streaming (module docstring)."""
+    """``sim.cells.simulate_cells`` with every cell streaming (module docstring): ``requests``
+    a ``Trace``, a ``traces.chunks.RequestSource`` or None (the config's workload);
+    ``stream`` how each cell streams (default ``sim.stream.Stream()``); its records path is
+    replaced by the cell's part of ``records_path``."""
+    if stream is None:
+        from sim.stream import Stream
+
+        stream = Stream()
     from sim.cells_summary import aggregate_summary
     from sim.sweep import iter_parallel
     from traces.aggregate import RecordsAggregate

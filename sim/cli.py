@@ -230,13 +230,18 @@ def _simulate_cells(args, config: RunConfig, trace, trace_info) -> int:
     """``hawk simulate`` of a cluster of cells (``sim.cells``): the merged records and
     summary, and the run's timing (``cells.json``: wall-clock times stay out of the summary,
     which is the same bytes however the cells ran)."""
+    from functools import partial
+
     from sim.cells import simulate_cells
+    from sim.cells_stream import simulate_cells_streamed
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
-    result = simulate_cells(config, trace, workers=args.workers, ray_address=args.ray,
-                            records_path=args.out / "records.parquet" if args.out else None,
-                            progress=not args.json, stream=_stream_for(args, config, trace))
+    stream = _stream_for(args, config, trace)       # each cell streams; aggregates merge
+    run = simulate_cells if stream is None else partial(simulate_cells_streamed, stream=stream)
+    result = run(config, trace, workers=args.workers, ray_address=args.ray,
+                 records_path=args.out / "records.parquet" if args.out else None,
+                 progress=not args.json)
     summary = result.summary
     if trace_info is not None:
         summary["trace"] = trace_info

@@ -10,6 +10,7 @@ import pytest
 
 import sim.cells
 from sim.cells import CellError, cell_of, simulate_cells
+from sim.cells_stream import simulate_cells_streamed
 from sim.cli import main
 from sim.config import RunConfig
 from sim.stream import Stream
@@ -30,7 +31,10 @@ CELLS3 = RunConfig().replace(**{"cells.count": 3, "cells.instances": "per-cell",
 def run(config, tmp_path, name, requests=None, stream=SMALL, **kw):
     path = tmp_path / name / "records.parquet"
     path.parent.mkdir()
-    result = simulate_cells(config, requests, records_path=path, stream=stream, **kw)
+    if stream is None:
+        result = simulate_cells(config, requests, records_path=path, **kw)
+    else:
+        result = simulate_cells_streamed(config, requests, stream, records_path=path, **kw)
     records = read_records(path)
     if stream is not None:
         records = records.sort_values("request_id").reset_index(drop=True)
@@ -113,7 +117,7 @@ def test_a_failing_streamed_cell_is_named_and_marks_the_dataset_incomplete(tmp_p
     path = tmp_path / "records.parquet"
     with pytest.raises(CellError, match=r"cell 2 of 4 \(30 requests, seed \d+\) failed: "
                                         r"RuntimeError: routing table corrupt"):
-        simulate_cells(config, _lopsided_trace(), workers=1, records_path=path, stream=SMALL)
+        simulate_cells_streamed(config, _lopsided_trace(), SMALL, workers=1, records_path=path)
     with pytest.raises(ValueError, match="records are incomplete .*cell 2 of 4"):
         read_records(path)
 

@@ -17,7 +17,8 @@ BYTES_PER_REQUEST = 1024
 BASE_BYTES = 300e6
 #: a streamed run (``sim.stream``) holds only the requests in flight, two chunks of inputs
 #: and a row group of records, whatever its length: budgeted at STREAM_BYTES, plus the
-#: trace's columns (~40 B a request) when a trace, not a generator, supplies the requests.
+#: trace's columns (~40 B a request) when a trace held in memory supplies the requests (a
+#: generator, or a trace file read in blocks by ``traces.trace_stream``, adds nothing).
 #: Measured: default Chatbot runs of 10^6 and 10^7 requests streamed to Parquet both peaked
 #: at ~225 MB (~125 MB of it imports). A run far past its capacity keeps a growing queue in
 #: flight, which no budget fixed in advance covers.

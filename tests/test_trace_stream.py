@@ -161,3 +161,12 @@ def test_the_bundled_azure_traces_stream_as_they_load(name):
     for column in COLUMNS[:4]:
         assert np.array_equal(np.concatenate([getattr(c, column) for c in chunks]),
                               getattr(trace, column)), column
+
+
+def test_hawk_simulate_stream_names_a_bad_row_without_a_traceback(tmp_path, capsys):
+    path = tmp_path / "bad.csv"
+    path.write_text("arrival_at,num_prompt_tokens,num_output_tokens\n0,5,5\n1,0,5\n")
+    assert main(["simulate", "--trace", str(path), "--stream"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: line 3: field 'num_prompt_tokens': must be >= 1" in err
+    assert "Traceback" not in err

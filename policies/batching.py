@@ -96,6 +96,9 @@ def chunked_prefill(order: Sequence[int], prompt_lens: Sequence[int], done: Mapp
     return out
 
 
+chunked_prefill.splits_prompts = True   # a prompt longer than the budget is still served
+
+
 PREFILL_BATCHING: dict[str, Pick] = {
     "fcfs": fcfs_token_budget,
     "shortest_prompt_first": shortest_prompt_first,

@@ -63,8 +63,10 @@ class PrefillInstance:
     def fits_many(self, prompts: np.ndarray) -> np.ndarray:
         """Whether each prompt can ever be prefilled here (an array of prompt lengths)."""
         prompts = np.asarray(prompts, dtype=np.int64)
-        return (prompts <= self.max_batch_tokens) & (
-            blocks_for(prompts, self.block_size) <= self.buffer_blocks)
+        fits = blocks_for(prompts, self.block_size) <= self.buffer_blocks
+        if not getattr(self.pick, "splits_prompts", False):
+            fits &= prompts <= self.max_batch_tokens    # one iteration per prompt
+        return fits
 
     @property
     def load(self) -> int:

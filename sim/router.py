@@ -43,8 +43,9 @@ class Router:
     def reject_codes(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
         """Rejection codes (``sim.ledger.REJECTIONS``) of requests of these lengths. The
         checks depend only on lengths and fixed capacities; instances of a role are alike."""
-        too_long = (prompt + output > self.max_context) | (
-            prompt > self.prefills[0].max_batch_tokens)
+        too_long = prompt + output > self.max_context
+        if not getattr(self.prefills[0].pick, "splits_prompts", False):
+            too_long |= prompt > self.prefills[0].max_batch_tokens  # one iteration per prompt
         no_prefill = ~self.prefills[0].fits_many(prompt)
         no_decode = ~self.decodes[0].fits_many(prompt, output)
         return np.select([too_long, no_prefill, no_decode], [1, 2, 3], 0)

@@ -98,8 +98,11 @@ def test_default_admission_is_on_demand_and_names_are_checked():
 # -- in the simulator ------------------------------------------------------------------
 def test_oracle_reserve_reproduces_the_records_of_up_front_reservation(tmp_path):
     """The committed records were written by the simulator before admission policies
-    existed (it reserved prompt + true output); the named policy gives the same bytes."""
-    out = write_records(table_run(**{"cluster.decode.admission": "oracle-reserve"}).records,
+    existed (it reserved prompt + true output), under whole-prompt prefill batches of up to
+    8,192 tokens (the default then); the named policy gives the same bytes."""
+    out = write_records(table_run(**{"cluster.decode.admission": "oracle-reserve",
+                                     "cluster.policies.prefill_batching": "fcfs",
+                                     "cluster.prefill.max_batch_tokens": 8192}).records,
                         tmp_path / "records.csv")
     assert out.read_bytes() == GOLDEN.read_bytes()
 

@@ -18,7 +18,7 @@ CAND = BASE.replace(**{"cluster.policies.prefill_batching": "shortest_prompt_fir
 
 def test_the_diff_names_every_difference_and_hidden_ones_are_refused():
     diff = cmp.config_diff(BASE, CAND)
-    assert diff == [("cluster.policies.prefill_batching", "fcfs", "shortest_prompt_first")]
+    assert diff == [("cluster.policies.prefill_batching", "chunked", "shortest_prompt_first")]
     cmp.check_diff(diff)                                   # a policy: may differ
     other = CAND.replace(**{"cluster.decode.num_instances": 2})
     diff = cmp.config_diff(BASE, other)

@@ -41,7 +41,8 @@ def test_every_request_ends_once_in_order(seed, rate, prefills, decodes, batch, 
                             "cluster.decode.num_instances": decodes,
                             "cluster.decode.max_batch_size": batch,
                             "cluster.prefill.kv_cache_gb": buffer_gb,
-                            "cluster.prefill.max_batch_tokens": 8192})
+                            "cluster.prefill.max_batch_tokens": 8192,
+                            "cluster.policies.prefill_batching": "fcfs"})   # whole prompts
     result = simulate(config, trace)
     check_invariants(trace, result.records)
     too_long = trace.num_prompt_tokens > 8192
@@ -81,11 +82,18 @@ def test_decode_back_pressure_reaches_prefill():
 
 def test_requests_that_can_never_fit_fail_with_named_statuses():
     config = make_config(**{"cluster.prefill.max_batch_tokens": 4096,
+                            "cluster.policies.prefill_batching": "fcfs",   # whole prompts
                             "cluster.decode.kv_cache_gb": 0.0})
     trace = make_trace([0.0, 0.1, 0.2, 0.3], [100, 5000, 100, 120_000], [10, 10, 10, 12_000])
     records = simulate(config, trace).records
     assert records["status"].tolist() == ["ok", "rejected_prompt_too_long", "ok",
                                           "rejected_prompt_too_long"]
+    # chunked prefill splits the 5,000-token prompt over iterations; the context limit stays
+    chunked = config.replace(**{"cluster.policies.prefill_batching": "chunked"})
+    result = simulate(chunked, trace)
+    assert result.records["status"].tolist() == ["ok", "ok", "ok", "rejected_prompt_too_long"]
+    alone = simulate(chunked, make_trace([0.0], [5000], [10]))
+    assert sum(alone.stats["prefill_batches"]) == 2             # 4,096 + 904 tokens
     small_decode = make_config(**{"cluster.decode.memory_utilization": 0.4,
                                   "cluster.decode.max_num_blocks": 0})
     huge = make_trace([0.0, 1.0], [3000, 100], [120_000, 10])
@@ -144,7 +152,8 @@ def test_monitor_counts_match_the_records_with_rejections_admitted_ahead():
     rejected request arrives and ends at once)."""
     rng = np.random.default_rng(4)
     trace = random_trace(rng, 400, 0.8, max_prompt=12_000)
-    config = make_config(**{"cluster.prefill.max_batch_tokens": 8192})
+    config = make_config(**{"cluster.prefill.max_batch_tokens": 8192,
+                            "cluster.policies.prefill_batching": "fcfs"})   # whole prompts
     result = simulate(config, trace, monitor_interval_s=0.5)
     records = result.records
     assert (records["status"] == "rejected_prompt_too_long").sum() > 10

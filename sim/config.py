@@ -18,19 +18,19 @@ onto another. Everything else (TP4, one instance per phase, the workload) is the
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 try:
-    import tomllib
+    import tomllib  # noqa: F401 (sim.config_toml, sim.plan and sim.compare read TOML)
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+    import tomli as tomllib  # noqa: F401
 
 from hardware.catalog import DTYPE_BYTES, WEIGHT_FORMATS, devices, models
+from sim.config_checks import (ConfigError, _check_bool, _check_choice, _check_range,
+                               _check_str)
+from sim.config_faults import CellsConfig, FaultsConfig
 
 #: where a resolved value came from ("profile": a measured profile directory's [serving],
 #: ``sim.profile_dir.mirror_settings``)
@@ -46,33 +46,6 @@ SCENARIO = {
 #: 2,048 tokens per prefill iteration: vLLM V1's default on an A100, as in the paper profile)
 SCENARIO_ANY_DEVICE = {"tp": 4, "num_instances": 1, "max_batch_tokens": 2048,
                        "kv_cache_gb": None, "admission": "on-demand-recompute"}
-
-
-class ConfigError(ValueError):
-    """A configuration value is out of range; the message names the field."""
-
-
-def _check_range(where: str, name: str, value, low, high, integer: bool = False) -> None:
-    kind = "an integer" if integer else "a number"
-    ok = isinstance(value, int) and not isinstance(value, bool) if integer else (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
-    if not ok or not low <= value <= high:
-        raise ConfigError(f"{where}.{name} must be {kind} in [{low}, {high}], got {value!r}")
-
-
-def _check_str(where: str, name: str, value) -> None:
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}.{name} must be a string, got {value!r}")
-
-
-def _check_choice(where: str, name: str, value, choices) -> None:
-    if not isinstance(value, str) or value not in choices:
-        raise ConfigError(f"{where}.{name} must be one of {sorted(choices)}, got {value!r}")
-
-
-def _check_bool(where: str, name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where}.{name} must be true or false, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -337,86 +310,6 @@ def _check_heads(model, inst: InstanceConfig) -> None:
                 f"(KV heads) and {model.num_heads} (attention heads)")
 
 
-#: what a decode instance's requests do when it is lost (``FaultsConfig.on_instance_loss``)
-ON_INSTANCE_LOSS = ("fail", "reroute")
-
-
-@dataclass(frozen=True)
-class FaultsConfig:
-    """Faults injected into a simulated run (``sim.faults``); none by default.
-
-    ``transfer_failure_prob``: chance that one KV transfer attempt fails (drawn from a
-    generator seeded by the run's seed). ``link_down``: ``[[start_s, end_s], ...]``, instants
-    when the network between prefill and decode nodes is down; an attempt on the wire at any
-    moment of one fails. A failed attempt is retried after ``retry_backoff_s``, at most
-    ``max_retries`` times, then the request ends ``failed_transfer``. ``instance_loss``:
-    ``[[decode_index, at_s], ...]``, decode instances lost at those instants; the requests
-    whose KV cache it held end ``failed_instance_lost``, and those still waiting to be pulled
-    fail too (``on_instance_loss = "fail"``) or go to another live decode instance
-    (``"reroute"``)."""
-
-    transfer_failure_prob: float = 0.0
-    max_retries: int = 3
-    retry_backoff_s: float = 0.01
-    link_down: tuple = ()
-    instance_loss: tuple = ()
-    on_instance_loss: str = "fail"
-
-    def __post_init__(self) -> None:
-        _check_range("faults", "transfer_failure_prob", self.transfer_failure_prob, 0.0, 1.0)
-        _check_range("faults", "max_retries", self.max_retries, 0, 1000, integer=True)
-        _check_range("faults", "retry_backoff_s", self.retry_backoff_s, 0.0, 1e6)
-        _check_choice("faults", "on_instance_loss", self.on_instance_loss, ON_INSTANCE_LOSS)
-        object.__setattr__(self, "link_down", _pairs("link_down", self.link_down, "start_s",
-                                                     "end_s", integer_first=False))
-        for k, (start, end) in enumerate(self.link_down):
-            if not start < end:
-                raise ConfigError(f"faults.link_down[{k}]: start_s {start} must be before "
-                                  f"end_s {end}")
-        object.__setattr__(self, "instance_loss", _pairs("instance_loss", self.instance_loss,
-                                                         "decode_index", "at_s",
-                                                         integer_first=True))
-
-    @property
-    def active(self) -> bool:
-        return bool(self.transfer_failure_prob or self.link_down or self.instance_loss)
-
-
-def _pairs(name: str, value, first: str, second: str, integer_first: bool) -> tuple:
-    """``[[a, b], ...]`` as a tuple of pairs, each number checked (>= 0)."""
-    if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"faults.{name} must be a list of [{first}, {second}] pairs, "
-                          f"got {value!r}")
-    out = []
-    for k, pair in enumerate(value):
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise ConfigError(f"faults.{name}[{k}] must be [{first}, {second}], got {pair!r}")
-        _check_range(f"faults.{name}[{k}]", first, pair[0], 0, 10**9, integer=integer_first)
-        _check_range(f"faults.{name}[{k}]", second, pair[1], 0.0, 1e12)
-        out.append((pair[0], pair[1]))
-    return tuple(out)
-
-
-#: how a cell's instances follow from [cluster] (``CellsConfig.instances``)
-CELL_INSTANCES = ("split", "per-cell")
-
-
-@dataclass(frozen=True)
-class CellsConfig:
-    """The cluster as ``count`` independent cells, router domains each with its own prefill
-    and decode instances (``sim.cells``); one cell by default. ``instances = "split"``:
-    [cluster]'s instance counts are the whole cluster's, divided evenly among the cells (each
-    must be a multiple of ``count``); ``"per-cell"``: every cell has [cluster]'s instances.
-    The workload is always the whole service's, split across the cells by request id."""
-
-    count: int = 1
-    instances: str = "split"
-
-    def __post_init__(self) -> None:
-        _check_range("cells", "count", self.count, 1, 4096, integer=True)
-        _check_choice("cells", "instances", self.instances, CELL_INSTANCES)
-
-
 def _check_cells(config: "RunConfig") -> None:
     """With ``instances = "split"`` every cell gets an equal share of each phase's instances."""
     cells = config.cells
@@ -451,143 +344,9 @@ class RunConfig:
 
         The changes apply to what was set, not to what was resolved: changing a device drops
         the settings its old device (or the scenario) had supplied."""
-        return from_dict(_merge(user_settings(self), _undot(changes)))
+        from sim import config_toml as toml
 
-
-def to_dict(config) -> dict:
-    """Every resolved value, nested as in the TOML file."""
-    return dataclasses.asdict(config)
-
-
-def user_settings(config: RunConfig) -> dict:
-    """The settings the user gave, nested as in the TOML file (what ``replace`` starts from)."""
-    given = getattr(config, "_given", None)
-    if given is not None:
-        return copy.deepcopy(given)
-    default = _flatten(to_dict(RunConfig()))        # built in code: what differs, or was set
-    out = {k: v for k, v in _flatten(to_dict(config)).items()
-           if not _is_instance_key(k) and v != default.get(k)}
-    for role in ("prefill", "decode"):
-        inst = getattr(config.cluster, role)
-        out.update({f"cluster.{role}.{k}": getattr(inst, k)
-                    for k, s in inst.sources.items() if s == "user"})
-    return _undot(out)
-
-
-def provenance(config: RunConfig) -> dict[str, dict]:
-    """Every resolved value and where it came from: ``{"cluster.decode.kv_dtype": {"value":
-    "bfloat8_b", "source": "device"}, ...}`` (sources: ``SOURCES``)."""
-    given = _flatten(user_settings(config))
-    measured = getattr(config, "_from_profile", ())
-    out = {}
-    for key, value in _flatten(to_dict(config)).items():
-        if key.endswith(".role"):
-            continue
-        if key in measured:
-            source = "profile"
-        elif _is_instance_key(key):
-            role, name = key.split(".")[1:]
-            source = getattr(config.cluster, role).sources[name]
-        else:
-            source = "user" if key in given else "scenario"
-        out[key] = {"value": value, "source": source}
-    return out
-
-
-def format_provenance(config: RunConfig) -> str:
-    """``key = value  # source`` lines, TOML-like, for ``hawk simulate --show-config``."""
-    lines = [(f"{key} = {_toml(row['value'], key)}", row["source"])
-             for key, row in provenance(config).items()]
-    width = max(len(text) for text, _ in lines)
-    return "\n".join(f"{text:<{width}}  # {source}" for text, source in lines)
-
-
-#: what None means where it is a setting's value
-_NONE_MEANS = {"max_num_blocks": "(as many as memory holds)", "kv_cache_gb": "(no cap)",
-               "bandwidth_gb_s": "(the profile's NIC)"}
-
-
-def _toml(value, key: str = "") -> str:
-    if value is None:
-        return _NONE_MEANS.get(key.rsplit(".", 1)[-1], "(unset)")
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f'"{value}"' if isinstance(value, str) else repr(value)
-
-
-def _is_instance_key(key: str) -> bool:
-    parts = key.split(".")
-    return len(parts) == 3 and parts[0] == "cluster" and parts[1] in ("prefill", "decode")
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _undot(changes: dict) -> dict:
-    out: dict = {}
-    for key, value in changes.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
-def _merge(base: dict, update: dict) -> dict:
-    out = dict(base)
-    for key, value in update.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(
-            out.get(key), dict) else value
-    return out
-
-
-def _table(data, where: str, names) -> dict:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a table, got {data!r}")
-    unknown = set(data) - set(names)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(names)}")
-    return data
-
-
-def _build(cls, data, where: str, **fixed):
-    names = {f.name for f in dataclasses.fields(cls)} - set(fixed)
-    return cls(**_table(data, where, names), **fixed)
-
-
-def from_dict(data: dict) -> RunConfig:
-    """Build a ``RunConfig`` from nested dicts (TOML tables); unset keys are resolved. With
-    ``cluster.profile`` naming a measured profile directory, the keys it leaves unset that
-    make the cluster the real mode's come from the directory (source "profile")."""
-    given, data, from_profile = data, *_with_profile(data)
-    top = _table(data, "the configuration", {f.name for f in dataclasses.fields(RunConfig)})
-    cluster = dict(_table(top.get("cluster", {}), "cluster",
-                          {f.name for f in dataclasses.fields(ClusterConfig)}))
-    for role in ("prefill", "decode"):
-        cluster[role] = _build(InstanceConfig, cluster.get(role, {}), f"cluster.{role}",
-                               role=role)
-    cluster["link"] = _build(LinkConfig, cluster.get("link", {}), "cluster.link")
-    cluster["policies"] = _build(PolicyConfig, cluster.get("policies", {}), "cluster.policies")
-    config = RunConfig(**{
-        **{k: v for k, v in top.items()
-           if k not in ("cluster", "workload", "slo", "faults", "cells")},
-        "faults": _build(FaultsConfig, top.get("faults", {}), "faults"),
-        "cells": _build(CellsConfig, top.get("cells", {}), "cells"),
-        "cluster": ClusterConfig(**cluster),
-        "workload": _build(WorkloadConfig, top.get("workload", {}), "workload"),
-        "slo": _build(SloConfig, top.get("slo", {}), "slo"),
-    })
-    object.__setattr__(config, "_given", copy.deepcopy(given))
-    object.__setattr__(config, "_from_profile", from_profile)
-    return config
+        return toml.from_dict(toml._merge(toml.user_settings(self), toml._undot(changes)))
 
 
 def _measured_profile(name):
@@ -603,30 +362,7 @@ def _measured_profile(name):
         raise ConfigError(str(exc)) from exc
 
 
-def _with_profile(data: dict) -> tuple[dict, tuple]:
-    """``data`` with the measured profile's settings under the user's, and the keys filled."""
-    from sim.profile_dir import mirror_settings
-
-    cluster = data.get("cluster") if isinstance(data, dict) else None
-    profile = _measured_profile(cluster.get("profile") if isinstance(cluster, dict) else None)
-    if profile is None:
-        return data, ()
-    given = _flatten(data)
-    filled = {k: v for k, v in mirror_settings(profile).items() if k not in given}
-    return _merge(_undot(filled), data), tuple(filled)
-
-
-def load_config(path: str | Path) -> RunConfig:
-    """Read a TOML file: top-level ``seed`` and tables ``[cluster]``, ``[cluster.prefill]``,
-    ``[cluster.decode]``, ``[cluster.link]``, ``[workload]``, ``[slo]``, ``[faults]``,
-    ``[cells]``."""
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
-    try:
-        return from_dict(data)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+# Reading and writing configurations (TOML tables, provenance) lives in sim.config_toml; its
+# public names are importable from here too.
+from sim.config_toml import (format_provenance, from_dict, load_config,  # noqa: E402,F401
+                             provenance, to_dict, user_settings)

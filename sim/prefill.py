@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from heapq import heappush
 
 import numpy as np
 import simpy
-from simpy.events import Timeout
+from simpy.events import NORMAL, Event
 
 from policies.batching import blocks_for, fcfs_prefill_batch, fcfs_token_budget
 from sim.link import HostQueue
@@ -52,13 +53,20 @@ class PrefillInstance:
                                           # memory (host-staged mechanisms: wait_for_save)
         self.pick, self.fairness = pick, fairness   # None, None: FCFS fast path
         if pick is not None or fairness is not None:
+            self.done: dict[int, int] = {}   # request -> prompt tokens computed so far
+            self.pick = pick or fcfs_token_budget
+        if fairness is not None:          # else the deque: arrival order is serving order
             self.queue = []               # request indices in serving order
             self._keys: list = []         # their (fairness key, arrival count), sorted
             self._count = 0
-            self.done: dict[int, int] = {}   # request -> prompt tokens computed so far
             tenant = getattr(ledger.trace, "tenant", None)
             self._tenant = tenant.tolist() if tenant is not None else None
-            self.pick = pick or fcfs_token_budget
+        # The end of the batch in progress: one event, re-armed for each batch (at most one
+        # is pending), so a batch costs a queue entry and no new event (``_next_batch``).
+        self._wakeup = Event(env)
+        self._wakeup._ok, self._wakeup._value = True, None
+        self._wakeup_callbacks = [self._done]
+        self._take = self._take_fcfs if self.pick is None else self._take_general
 
     def fits_many(self, prompts: np.ndarray) -> np.ndarray:
         """Whether each prompt can ever be prefilled here (an array of prompt lengths)."""
@@ -74,12 +82,11 @@ class PrefillInstance:
 
     def enqueue(self, i: int) -> None:
         """The router admits ``i`` here (at its arrival instant)."""
-        if self.pick is None:
+        if self.fairness is None:
             self.queue.append(i)
         else:
             tenant = self._tenant[i] if self._tenant is not None else ""
-            key = (self.fairness.tag(tenant, self.ledger.prompt[i]) if self.fairness else (),
-                   self._count)
+            key = (self.fairness.tag(tenant, self.ledger.prompt[i]), self._count)
             self._count += 1
             k = bisect.bisect(self._keys, key)
             self._keys.insert(k, key)
@@ -94,26 +101,46 @@ class PrefillInstance:
 
     def release(self, i: int) -> None:
         """The decode side has pulled request ``i``'s KV cache: free its send buffer."""
-        self.free_blocks += blocks_for(self.ledger.prompt[i], self.block_size)
+        self.free_blocks += -(-self.ledger.prompt[i] // self.block_size)   # blocks_for
         if not self._busy and self.queue:   # an idle, empty instance waits for an arrival
             self._next_batch()
 
     def _next_batch(self) -> None:
         """Start the next batch if one fits; otherwise stay idle until a kick or release."""
-        env, source, queue = self.env, self.source, self.queue
-        now = env.now
-        if source is not None:
-            source.admit_until(now, self)
-        if self.pick is not None:
-            return self._next_general(now)
-        prompt = self.ledger.prompt
-        take = fcfs_prefill_batch(queue, prompt, self.max_batch_size, self.max_batch_tokens,
-                                  self.free_blocks, self.block_size) if queue else 0
-        if take == 0:
+        now = self.env._now
+        if self.source is not None:
+            self.source.admit_until(now, self)
+        taken = self._take(now) if self.queue else None
+        if taken is None:
             self._busy = False
             return
         self._busy = True
-        bs, ledger = self.block_size, self.ledger
+        finished, lens, saved, at = taken
+        duration = self.predictor.prefill_time(lens)
+        if self.save_time is not None:            # the batch ends when its KV is saved
+            duration += sum([self.save_time(n) for n in saved])
+        if not duration >= 0:
+            raise ValueError(f"prefill instance {self.index}: a batch of {lens} prompt tokens "
+                             f"priced at {duration} s; a predictor's time must be >= 0")
+        self.busy_time += duration
+        self._span = (at, at + duration)
+        self.num_batches += 1
+        self._batch = finished
+        # The batch's end, as ``Timeout(env, at - now + duration)`` would schedule it (same
+        # instant, priority and place among ties) with the one wake-up event: SimPy 4's
+        # queue holds ``(time, priority, id, event)`` entries (``sim.timers``).
+        env, wakeup = self.env, self._wakeup
+        wakeup.callbacks = self._wakeup_callbacks
+        heappush(env._queue, (now + (at - now + duration), NORMAL, next(env._eid), wakeup))
+
+    def _take_fcfs(self, now: float) -> tuple | None:
+        """The FCFS fast path: the longest head of the queue that fits, whole prompts.
+        Returns (requests, prompt tokens computed, prompt lengths saved, start) or None."""
+        queue, prompt, bs = self.queue, self.ledger.prompt, self.block_size
+        take = fcfs_prefill_batch(queue, prompt, self.max_batch_size, self.max_batch_tokens,
+                                  self.free_blocks, bs)
+        if take == 0:
+            return None
         if take == 1:                             # the common batch below saturation
             batch = (queue.popleft(),)
             lens = [prompt[batch[0]]]
@@ -124,54 +151,53 @@ class PrefillInstance:
             lens = [prompt[i] for i in batch]
             self.queued_tokens -= sum(lens)
             self.free_blocks -= sum([blocks_for(n, bs) for n in lens])
-        last = ledger.arrival_at[batch[-1]]
+        last = self.ledger.arrival_at[batch[-1]]
         at = last if last > now else now          # admitted ahead of its arrival (lazy router)
-        start = ledger.prefill_start_at
+        start = self.ledger.prefill_start_at
         for i in batch:
             start[i] = at
-        duration = self.predictor.prefill_time(lens)
-        if self.save_time is not None:            # the batch ends when its KV is saved
-            duration += sum([self.save_time(n) for n in lens])
-        self.busy_time += duration
-        self._span = (at, at + duration)
-        self.num_batches += 1
-        self._batch = batch
-        Timeout(env, at - now + duration).callbacks.append(self._done)
+        return batch, lens, lens, at
 
-    def _next_general(self, now: float) -> None:
+    def _take_general(self, now: float) -> tuple | None:
         """The general path: the batching policy picks (request, tokens) from the queue in
         the fairness policy's order; finished prompts leave the queue."""
-        prompt, ledger, queue, done = self.ledger.prompt, self.ledger, self.queue, self.done
+        ledger, queue, done = self.ledger, self.queue, self.done
+        prompt = ledger.prompt
         picks = self.pick(queue, prompt, done, self.max_batch_size, self.max_batch_tokens,
-                          self.free_blocks, self.block_size) if queue else []
+                          self.free_blocks, self.block_size)
         if not picks:
-            self._busy = False
-            return
-        self._busy = True
-        at = max(now, max(ledger.arrival_at[i] for i, _ in picks))
-        finished = []
+            return None
+        arrival, start, bs = ledger.arrival_at, ledger.prefill_start_at, self.block_size
+        at = now
+        for i, _ in picks:                        # the batch starts once all have arrived
+            if arrival[i] > at:
+                at = arrival[i]
+        finished, lens, blocks = [], [], 0
         for i, n in picks:
-            if i not in done:                     # first chunk: its blocks, its start
-                self.free_blocks -= blocks_for(prompt[i], self.block_size)
-                ledger.prefill_start_at[i] = at
-                done[i] = 0
-            done[i] += n
-            if done[i] == prompt[i]:
+            computed = done.get(i)
+            if computed is None:                  # first chunk: its blocks, its start
+                blocks += -(-prompt[i] // bs)     # blocks_for
+                start[i] = at
+                computed = 0
+            computed += n
+            lens.append(n)
+            if computed == prompt[i]:
                 finished.append(i)
-        self.queued_tokens -= sum(n for _, n in picks)
-        for i in finished:
-            k = queue.index(i)
-            if self.fairness is not None:
-                self.fairness.served(self._keys[k][0])
-            del queue[k], self._keys[k], done[i]
-        duration = self.predictor.prefill_time([n for _, n in picks])
-        if self.save_time is not None:            # finished prompts' KV saved to host memory
-            duration += sum([self.save_time(prompt[i]) for i in finished])
-        self.busy_time += duration
-        self._span = (at, at + duration)
-        self.num_batches += 1
-        self._batch = finished
-        Timeout(self.env, at - now + duration).callbacks.append(self._done)
+                done.pop(i, None)
+            else:
+                done[i] = computed
+        self.free_blocks -= blocks
+        self.queued_tokens -= sum(lens)
+        if self.fairness is None:                 # arrival order: finished ones lead it
+            for i in finished:
+                queue.remove(i)
+        else:
+            keys = self._keys
+            for i in finished:
+                k = queue.index(i)
+                self.fairness.served(keys[k][0])
+                del queue[k], keys[k]
+        return finished, lens, [prompt[i] for i in finished], at
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in prefill batches, for ``t`` >= the latest batch's
@@ -180,7 +206,7 @@ class PrefillInstance:
         return self.busy_time - max(0.0, end - max(start, t))
 
     def _done(self, _timer) -> None:
-        batch, now, end_at = self._batch, self.env.now, self.ledger.prefill_end_at
+        batch, now, end_at = self._batch, self.env._now, self.ledger.prefill_end_at
         for i in batch:
             end_at[i] = now
         self._busy = False

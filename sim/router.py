@@ -68,17 +68,29 @@ class Router:
         is queued there then, admit the requests of the next arrival instant ahead of time:
         nothing can reach the instance before them, so its batch starts at their arrival
         (``PrefillInstance``) with no timer to wake it."""
-        arrivals, n, i = self.ledger.arrival_at, self.ledger.n, self.next
-        queue = prefill.queue
-        if i < n and (arrivals[i] <= now or not queue):
+        i, n = self.next, self.ledger.n
+        if i == n:
+            return
+        arrivals, queue = self.ledger.arrival_at, prefill.queue
+        if arrivals[i] > now:
+            if queue:
+                return
+            now = arrivals[i]                      # idle: the next arrival instant
+        reasons, enqueue = self.reasons, prefill.enqueue
+        while True:                                # request i has arrived by now
             while True:
-                while i < n and arrivals[i] <= now:
+                if reasons[i] is None and i & 4095 != 4095:   # _admit's common case
+                    self.num_routed += 1
+                    enqueue(i)
+                else:
                     self._admit(i, prefill)
-                    i += 1
-                if queue or i == n:
+                i += 1
+                if i == n or arrivals[i] > now:
                     break
-                now = arrivals[i]                  # idle: the next arrival instant
-            self.next = i
+            if queue or i == n:
+                break
+            now = arrivals[i]                      # all rejected, still idle: the next one
+        self.next = i
 
     # -- several prefill instances: one timer per arrival ---------------------------------
     def run(self):

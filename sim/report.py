@@ -76,12 +76,9 @@ def settings_line(result: dict) -> str:
 
 def text(result: dict) -> str:
     """What ``hawk paper`` prints: settings, the targets, the fit table and the claims."""
-    table = [COMPARISON_COLUMNS] + comparison_table(result)
-    widths = [max(len(row[i]) for row in table) for i in range(len(COMPARISON_COLUMNS))]
     lines = [f"hawk paper: profile {result['profile']}, {settings_line(result)}", ERROR_TERMS,
              ""]
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                        for i, (c, w) in enumerate(zip(row, widths))) for row in table]
+    lines += _columns([COMPARISON_COLUMNS] + comparison_table(result))
     if result.get("free_parameters"):
         lines += ["", fit_text(result)]
     rows = result["checks"]
@@ -207,8 +204,6 @@ def fit_text(result: dict) -> str:
     """The fit table as ``hawk paper`` prints it (fixed-width columns); '' without a fit."""
     if not result.get("free_parameters"):
         return ""
-    rows = [FIT_COLUMNS] + fit_table(result)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(FIT_COLUMNS))]
     lines = [f"fit: {result['free_parameters']} free parameters for {result['num_targets']} "
              "targets (hawk calibrate --targets paper)",
              "  fitted: the fitted model's value; residual = (fitted - paper) / tolerance "
@@ -217,10 +212,14 @@ def fit_text(result: dict) -> str:
              "against the paper and its residual",
              "  noise: std over seeds at the fit; this run: the value measured here "
              "(its settings may differ from the fit's); never: 90% attainment not reached", ""]
-    for row in rows:
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-    return "\n".join(lines)
+    return "\n".join(lines + _columns([FIT_COLUMNS] + fit_table(result)))
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows of text cells as fixed-width lines: the first column left-aligned, the rest right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
 
 
 #: what the growth of each TTFT stage (traces.metrics.TTFT_STAGES) says binds

@@ -65,8 +65,20 @@ def _handler(args) -> int:
     if not args.check:
         print("hawk devices: pass --check to compare the model with published figures")
         return 2
-    print(f"{'device':10s} {'quantity':34s} {'model':>9s} {'published':>9s} {'ratio':>6s}  source")
-    for r in check(args.profile):
-        print(f"{r['device']:10s} {r['what']:34s} {1e3 * r['model']:7.1f}ms "
-              f"{1e3 * r['published']:7.1f}ms {r['ratio']:6.2f}  {r['source']}")
+    rows = check(args.profile)
+    print(f"{'device':10s} {'quantity':34s} {'setting':22s} {'model':>9s} {'published':>9s} "
+          f"{'ratio':>6s}  source")
+    for r in rows:
+        print(f"{r['device']:10s} {r['what']:34s} {_setting(r['setting']):22s} "
+              f"{1e3 * r['model']:7.1f}ms {1e3 * r['published']:7.1f}ms {r['ratio']:6.2f}  "
+              f"{r['source']}")
+    print(f"ratio = model / published (> 1: the model is slower); profile {args.profile!r}; "
+          f"none of these figures is a fit target")
     return 0
+
+
+def _setting(setting: dict) -> str:
+    """``{"batch": 32, "context": 192}`` as ``batch 32, context 192``."""
+    if "prefill" in setting:
+        return f"prompt {setting['prefill']}, batch 1"
+    return f"batch {setting['batch']}, context {setting['context']}"

@@ -52,7 +52,10 @@ def test_devices_check_puts_published_figures_beside_the_model(capsys):
         assert r["ratio"] == pytest.approx(r["model"] / r["published"])
     assert not {r["what"] for r in rows} & {t.name for t in paper_targets()}
     assert main(["devices", "--check"]) == 0
-    assert "tt-metal README" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tt-metal README" in out
+    assert "batch 32, context 192" in out and "prompt 128, batch 1" in out   # each row's setting
+    assert "ratio = model / published" in out
 
 
 def test_figure9_orderings(result):

@@ -267,6 +267,8 @@ class GrowingKV:
         self.residues = [0] * pool.block_size   # requests per base % B
         self.reserved = 0             # blocks the running requests reserved at their pull
         self.newest = 0               # the step of the latest join
+        self._step: int | None = None # growth(_step) == _growth, kept through joins and leaves
+        self._growth = 0
 
     def join(self, request, base: int, t: int) -> None:
         self.base[request] = base
@@ -276,6 +278,8 @@ class GrowingKV:
         self.residues[rho] += 1
         self.reserved += self.pool.held[request]
         self.newest = t
+        if self._step != t:           # in its join step a request holds its reservation
+            self._step = None
 
     def leave(self, request) -> int:
         base = self.base.pop(request)
@@ -283,7 +287,10 @@ class GrowingKV:
         q, rho = divmod(base, self.block_size)
         self.sum_q -= q
         self.residues[rho] -= 1
-        self.reserved -= self.pool.held[request]
+        held = self.pool.held[request]
+        self.reserved -= held
+        if self._step is not None:    # less its growth in that step
+            self._growth -= max(0, -(-(base + self._step) // self.block_size) - held)
         return base
 
     def growth_upper(self, t: int) -> int:
@@ -291,15 +298,21 @@ class GrowingKV:
         return (self.sum_base + n * (t + self.block_size - 1)) // self.block_size - self.reserved
 
     def growth(self, t: int) -> int:
-        """Blocks held beyond the reservations in step ``t`` (exact)."""
+        """Blocks held beyond the reservations in step ``t`` (exact; the last step asked is
+        remembered, and kept up to date as requests join in it or leave)."""
+        if t == self._step:
+            return self._growth
         b = self.block_size
         if t < self.newest:                # before a request joined: it holds its reservation
             held = self.pool.held
-            return sum(max(0, -(-(x + t) // b) - held[i]) for i, x in self.base.items())
-        n, (T, tau) = len(self.base), divmod(t, b)
-        at_least_one = n - (self.residues[0] if tau == 0 else 0)
-        return (self.sum_q + n * T + at_least_one + sum(self.residues[b - tau + 1:])
-                - self.reserved)
+            g = sum(max(0, -(-(x + t) // b) - held[i]) for i, x in self.base.items())
+        else:
+            n, (T, tau) = len(self.base), divmod(t, b)
+            at_least_one = n - (self.residues[0] if tau == 0 else 0)
+            g = (self.sum_q + n * T + at_least_one + sum(self.residues[b - tau + 1:])
+                 - self.reserved)
+        self._step, self._growth = t, g
+        return g
 
     def fits(self, need: int, t_last: int, step_now) -> bool:
         """Whether ``need`` more blocks can be reserved now without taking any that step

@@ -84,6 +84,33 @@ def test_growing_kv_matches_the_exact_sums(joins, spare, steps, block):
         0 if base > spare else brute_steps_until_full(contexts, spare - base, block, steps))
 
 
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["join", "leave", "ask"]), st.integers(1, 300),
+                              st.integers(0, 3)), min_size=1, max_size=40),
+       block=st.sampled_from([1, 16, 32]))
+def test_growing_kv_growth_stays_exact_through_joins_and_leaves(ops, block):
+    """The growth remembered for the last step asked stays exact as requests join in that
+    step or another, and leave (most recent first or not)."""
+    pool = BlockPool(100_000, block)
+    kv, t, running, joined = GrowingKV(pool), 0, {}, 0
+    for op, context, dt in ops:
+        if op == "join":
+            t += dt                                     # joins come in step order
+            pool.try_reserve(joined, context, 0)
+            kv.join(joined, context - t, t)
+            running[joined] = (context, t)
+            joined += 1
+        elif op == "leave" and running:
+            i = list(running)[context % len(running)]
+            kv.leave(i)
+            del running[i]
+            pool.release(i)
+        ask = t + dt - 1
+        exact = sum(max(0, blocks_for(c + ask - at, block) - blocks_for(c, block))
+                    for c, at in running.values())
+        assert kv.growth(ask) == exact
+
+
 # -- configuration ---------------------------------------------------------------------
 def test_default_admission_is_on_demand_and_names_are_checked():
     assert RunConfig().cluster.decode.admission == DEFAULT_ADMISSION == "on-demand-recompute"

@@ -86,11 +86,13 @@ def chunked_prefill(order: Sequence[int], prompt_lens: Sequence[int], done: Mapp
             break
         computed = done.get(i, 0)
         if computed == 0:
-            need = blocks_for(prompt_lens[i], block_size)
+            need = -(-prompt_lens[i] // block_size)            # blocks_for, inlined: hot
             if need > blocks:
                 break
             blocks -= need
-        n = min(prompt_lens[i] - computed, budget)
+        n = prompt_lens[i] - computed
+        if n > budget:
+            n = budget
         out.append((i, n))
         budget -= n
     return out

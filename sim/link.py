@@ -24,6 +24,8 @@ import simpy
 
 from sim.timers import MovableTimer
 
+INF = math.inf
+
 
 class HostQueue:
     """One node's host CPU and PCIe root complex as a FIFO server of host-side work (staging
@@ -89,14 +91,14 @@ class KVLink:
         """Begin a transfer: ``before_s`` of source-side work, then ``wire_bytes`` through the
         shared NIC; ``on_done(arg)`` runs when the last byte has landed. ``host_s`` of the
         ``before_s`` queue on the source node's ``host`` (FIFO) behind earlier host work."""
-        now = self.env.now
+        now = self.env._now
         if host is not None and host_s > 0:
             before_s = host.reserve(now, host_s) - now + (before_s - host_s)
         self._seq += 1
         wire = float(wire_bytes)
         self.bytes_moved += wire
         enter_at = now + before_s + self.latency_s
-        if self._timer_at == math.inf:        # idle link: this transfer has it to itself
+        if self._timer_at == INF:             # idle link: this transfer has it to itself
             self._solo = (enter_at, self._seq, wire, on_done, arg)
             self._timer_at = at = enter_at + wire / self.bandwidth
             self._timer.set(at)
@@ -160,12 +162,11 @@ class KVLink:
         solo = self._solo
         if solo is not None:
             self._solo = None
-            self._timer_at = math.inf
-            _, _, wire, on_done, arg = solo
-            self.busy_time += wire / self.bandwidth
-            on_done(arg)
+            self._timer_at = INF
+            self.busy_time += solo[2] / self.bandwidth
+            solo[3](solo[4])                  # on_done(arg)
             return
-        now = self.env.now
+        now = self.env._now
         self._timer_at = math.inf
         self._advance(now)
         # The timer was set for the head's completion, so the head is done whatever rounding

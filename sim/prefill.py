@@ -115,10 +115,11 @@ class PrefillInstance:
             self._busy = False
             return
         self._busy = True
-        finished, lens, saved, at = taken
+        finished, lens, at = taken
         duration = self.predictor.prefill_time(lens)
         if self.save_time is not None:            # the batch ends when its KV is saved
-            duration += sum([self.save_time(n) for n in saved])
+            prompt = self.ledger.prompt
+            duration += sum([self.save_time(prompt[i]) for i in finished])
         if not duration >= 0:
             raise ValueError(f"prefill instance {self.index}: a batch of {lens} prompt tokens "
                              f"priced at {duration} s; a predictor's time must be >= 0")
@@ -135,7 +136,7 @@ class PrefillInstance:
 
     def _take_fcfs(self, now: float) -> tuple | None:
         """The FCFS fast path: the longest head of the queue that fits, whole prompts.
-        Returns (requests, prompt tokens computed, prompt lengths saved, start) or None."""
+        Returns (requests finished, prompt tokens computed, start) or None."""
         queue, prompt, bs = self.queue, self.ledger.prompt, self.block_size
         take = fcfs_prefill_batch(queue, prompt, self.max_batch_size, self.max_batch_tokens,
                                   self.free_blocks, bs)
@@ -156,7 +157,7 @@ class PrefillInstance:
         start = self.ledger.prefill_start_at
         for i in batch:
             start[i] = at
-        return batch, lens, lens, at
+        return batch, lens, at
 
     def _take_general(self, now: float) -> tuple | None:
         """The general path: the batching policy picks (request, tokens) from the queue in
@@ -167,25 +168,26 @@ class PrefillInstance:
                           self.free_blocks, self.block_size)
         if not picks:
             return None
-        arrival, start, bs = ledger.arrival_at, ledger.prefill_start_at, self.block_size
-        at = now
-        for i, _ in picks:                        # the batch starts once all have arrived
-            if arrival[i] > at:
-                at = arrival[i]
-        finished, lens, blocks = [], [], 0
+        arrival, bs = ledger.arrival_at, self.block_size
+        at, lens, first, finished, blocks = now, [], [], [], 0
         for i, n in picks:
+            if arrival[i] > at:                   # the batch starts once all have arrived
+                at = arrival[i]
+            lens.append(n)
             computed = done.get(i)
             if computed is None:                  # first chunk: its blocks, its start
                 blocks += -(-prompt[i] // bs)     # blocks_for
-                start[i] = at
+                first.append(i)
                 computed = 0
             computed += n
-            lens.append(n)
             if computed == prompt[i]:
                 finished.append(i)
                 done.pop(i, None)
             else:
                 done[i] = computed
+        start = ledger.prefill_start_at
+        for i in first:
+            start[i] = at
         self.free_blocks -= blocks
         self.queued_tokens -= sum(lens)
         if self.fairness is None:                 # arrival order: finished ones lead it
@@ -197,7 +199,7 @@ class PrefillInstance:
                 k = queue.index(i)
                 self.fairness.served(keys[k][0])
                 del queue[k], keys[k]
-        return finished, lens, [prompt[i] for i in finished], at
+        return finished, lens, at
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in prefill batches, for ``t`` >= the latest batch's

@@ -1,0 +1,93 @@
+"""The prefill instance on its own: exact batch logs for tiny chunked-prefill scenarios, the
+one wake-up event it re-arms per batch, and the serving orders its two queue kinds keep."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from policies.batching import chunked_prefill
+from policies.fairness import WeightedFair
+from sim.cluster import simulate
+from sim.ledger import Ledger
+from sim.prefill import PrefillInstance
+from tests.builders import make_config, make_trace
+
+
+class PerToken:
+    """Prefill predictor: ``seconds_per_token`` x the batch's tokens."""
+
+    def __init__(self, seconds_per_token: float = 0.001):
+        self.seconds_per_token = seconds_per_token
+
+    def prefill_time(self, lens) -> float:
+        return self.seconds_per_token * sum(lens)
+
+
+def make_prefill(trace, predictor=None, max_batch_tokens=1000, fairness=None):
+    """One chunked-prefill instance fed the whole trace at time 0; returns (env, instance,
+    log of (instant, request) handed on)."""
+    env, ledger, log = simpy.Environment(), Ledger(trace), []
+    prefill = PrefillInstance(env, 0, ledger, predictor or PerToken(), max_batch_size=8,
+                              max_batch_tokens=max_batch_tokens, buffer_blocks=1000,
+                              block_size=16, pick=chunked_prefill, fairness=fairness,
+                              on_prefilled=lambda i, source: log.append((env.now, i)))
+    for i in range(ledger.n):
+        prefill.enqueue(i)
+    return env, prefill, log
+
+
+def test_chunked_batches_split_a_long_prompt_and_hand_on_each_request_once():
+    # budget 1000: [0: 600, 1: 400] at t=0; [1: 500 (900 - 400), 2: 300, ...] after 1 s
+    trace = make_trace([0.0, 0.0, 0.0], [600, 900, 300], [5, 5, 5])
+    env, prefill, log = make_prefill(trace)
+    prefill.kick()
+    env.run()
+    assert log == [(pytest.approx(1.0), 0), (pytest.approx(1.8), 1), (pytest.approx(1.8), 2)]
+    ledger = prefill.ledger
+    assert list(ledger.prefill_start_at) == [0.0, 0.0, pytest.approx(1.0)]
+    assert prefill.num_batches == 2 and prefill.done == {} and not prefill.queue
+    assert prefill.free_blocks == 1000 - (38 + 57 + 19)       # held until the decode side pulls
+    assert prefill.queued_tokens == 0
+
+
+def test_one_wake_up_event_is_re_armed_for_every_batch():
+    trace = make_trace([0.0] * 4, [1000] * 4, [5] * 4)          # four batches, one each
+    env, prefill, log = make_prefill(trace)
+    prefill.kick()
+    pending = []
+    while env.peek() < float("inf"):
+        pending.append([entry[3] for entry in env._queue])
+        env.step()
+    assert [t for t, _ in log] == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    assert all(events == [prefill._wakeup] for events in pending)   # no new event per batch
+
+
+def test_a_negative_batch_time_is_refused_naming_the_instance():
+    trace = make_trace([0.0], [100], [5])
+    env, prefill, _ = make_prefill(trace, predictor=PerToken(-0.001))
+    with pytest.raises(ValueError, match=r"prefill instance 0: a batch of \[100\] prompt "
+                                         r"tokens priced at -0.1 s"):
+        prefill.kick()
+
+
+def test_arrival_order_queue_serves_as_the_fairness_queue_with_one_tenant():
+    # the chunked path keeps a deque in arrival order without fairness, a sorted list with it
+    trace = make_trace([0.0, 0.0, 0.1, 0.2, 0.2], [1500, 300, 2600, 40, 900], [5] * 5)
+    logs = []
+    for fairness in (None, WeightedFair()):
+        env, prefill, log = make_prefill(trace, max_batch_tokens=1024, fairness=fairness)
+        prefill.kick()
+        env.run()
+        logs.append((log, list(prefill.ledger.prefill_start_at)))
+    assert logs[0] == logs[1]
+    assert [i for _, i in logs[0][0]] == [0, 1, 2, 3, 4]
+
+
+def test_chunked_runs_match_with_and_without_a_fairness_policy():
+    config = make_config(**{"cluster.policies.prefill_batching": "chunked",
+                            "workload.num_requests": 300, "workload.rate": 1.5})
+    plain = simulate(config).records
+    fair = simulate(config.replace(**{"cluster.policies.fairness": "weighted_fair"})).records
+    assert (plain["status"] == "ok").all()
+    assert plain.equals(fair)

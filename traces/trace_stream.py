@@ -159,9 +159,10 @@ def _open(spec: TraceStream) -> tuple[Path, str]:
 
 
 def _kept(spec: TraceStream, path: Path, fmt: str, tally: Tally, tenant: str | None,
-          counts: dict | None) -> Iterator[dict]:
-    """Each block's good rows, in file order: arrival in the file's unit, lengths, ids,
-    tenants, source lines, and their position among the kept rows."""
+          counts: dict | None) -> Iterator[tuple[dict, str]]:
+    """Each block's good rows, in file order (arrival in the file's unit, lengths, ids,
+    tenants, source lines, their position among the kept rows), and the file's row unit;
+    ``counts`` (the scan's) gathers the rows out of order and, for a mapped id column, ids."""
     max_requests = None if spec.whole_file else spec.num_requests
     position, running_max = 0, None
     for raw, values, problems in read_blocks(

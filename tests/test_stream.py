@@ -80,7 +80,8 @@ def test_streamed_records_are_the_in_memory_records(scenario, tmp_path):
 
 def test_streamed_records_keep_tenants_and_rejections(tmp_path):
     trace = bursty_customers(rate=1.0, duration_s=900, seed=4)
-    config = make_config(**{"cluster.prefill.max_batch_tokens": 1024})   # some rejected
+    config = make_config(**{"cluster.prefill.max_batch_tokens": 1024,    # some rejected:
+                            "cluster.policies.prefill_batching": "fcfs"})  # whole prompts
     expected = simulate(config, trace)
     result, records = streamed(config, tmp_path, trace)
     assert (expected.records["status"] == "rejected_prompt_too_long").any()

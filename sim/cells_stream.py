@@ -24,6 +24,10 @@ holds grows with the requests:
   (``sim.cells_summary.aggregate_summary``). A merged DDSketch is the sketch of all the
   values, so percentiles keep the stated relative-error bound (the summary's
   ``percentiles`` entry), and the summary is the same bytes however the cells ran.
+
+Measured: ``hawk simulate --cells 16 --cell-instances per-cell --rate 8 --workers 2
+--num-requests 10000000 --stream`` peaked at 45 MB resident in the parent and 285 MB in the
+largest worker (the same parent peak, 43 MB, at 200,000 requests).
 """
 
 from __future__ import annotations

@@ -133,3 +133,15 @@ def test_hawk_simulate_cells_stream_writes_parts_and_a_sketched_summary(tmp_path
     assert len(records) == 300 and set(records["cell"]) == {0, 1}
     assert (records["cell"].to_numpy() == cell_of(records["request_id"].to_numpy(), 2)).all()
     assert json.loads((out / "cells.json").read_text())["streamed"]
+
+
+def test_on_ray_the_records_and_summary_are_the_pools(tmp_path):
+    ray = pytest.importorskip("ray")
+    pooled, a = run(CELLS3, tmp_path, "pooled", workers=2)
+    try:
+        on_ray, b = run(CELLS3, tmp_path, "ray", workers=2, ray_address="local")
+    finally:
+        ray.shutdown()
+    assert dumps(on_ray.summary) == dumps(pooled.summary)
+    pd.testing.assert_frame_equal(a, b)
+    assert on_ray.timing["backend"] == "ray"

@@ -9,6 +9,10 @@ pending entry in SimPy's event queue: no new event, no stale firing, no re-arm.
 Ordering: the moved entry takes a fresh event id, as a new timer created at that moment would,
 so it sorts among events of the same instant exactly like one (records are unchanged).
 
+A firing that has run leaves its event processed and referenced nowhere else, so the next
+``set`` reuses it instead of making a new one (a cancelled firing's event stays in the queue
+and is never reused).
+
 The queue holds an entry or two per component (prefill and decode instances, links, the
 router), so finding the entry and restoring the heap cost a few comparisons at C speed.
 This relies on SimPy 4's event queue: ``env._queue`` a heap of ``(time, priority, id,
@@ -29,12 +33,14 @@ class MovableTimer:
     """Calls ``callback()`` at the instant last given to ``set``; ``cancel`` makes the
     pending firing do nothing. At most one firing is pending at a time."""
 
-    __slots__ = ("env", "callback", "_entry", "_at")
+    __slots__ = ("env", "callback", "_entry", "_at", "_spare", "_callbacks")
 
     def __init__(self, env: Environment, callback: Callable[[], None]):
         self.env, self.callback = env, callback
         self._entry: tuple | None = None        # the queue entry of the pending firing
         self._at = math.inf
+        self._spare: Event | None = None        # the event of the firing that ran last
+        self._callbacks = [self._fire]          # SimPy only reads an event's callback list
 
     @property
     def at(self) -> float:
@@ -68,9 +74,13 @@ class MovableTimer:
                 queue[queue.index(old)] = entry
                 heapify(queue)
             return
-        event = Event(env)
-        event._ok, event._value = True, None
-        event.callbacks.append(self._fire)
+        event = self._spare
+        if event is None:
+            event = Event(env)
+            event._ok, event._value = True, None
+        else:
+            self._spare = None
+        event.callbacks = self._callbacks
         self._entry = entry = (at, NORMAL, next(env._eid), event)
         heappush(env._queue, entry)
 
@@ -84,4 +94,5 @@ class MovableTimer:
         if entry is None or entry[3] is not event:
             return                              # cancelled
         self._entry = None
+        self._spare = event                     # processed: it may carry the next firing
         self.callback()

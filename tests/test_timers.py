@@ -71,3 +71,20 @@ def test_a_timer_set_from_its_own_callback_schedules_a_new_firing():
     timer.set(1.0)
     env.run()
     assert log == [1.0, 2.0, 3.0]
+
+
+def test_a_cancelled_firing_left_in_the_queue_never_fires_a_later_one():
+    """The event of a firing that ran carries the next one; a cancelled firing's event stays
+    in the queue, so a timer set again after a cancel fires once, at its new instant."""
+    env, log = simpy.Environment(), []
+    timer = MovableTimer(env, lambda: log.append(env.now))
+    timer.set(1.0)
+    env.run(until=1.5)
+    timer.set(2.0)                    # reuses the event of the firing at 1
+    timer.cancel()
+    timer.set(3.0)
+    env.run(until=2.5)
+    assert log == [1.0] and timer.pending
+    timer.set(4.0)
+    env.run()
+    assert log == [1.0, 4.0] and env.now == 4.0

@@ -271,10 +271,13 @@ def _stream_for(args, config: RunConfig, trace):
     from sim.run_size import expected_num_requests
     from sim.stream import Stream, use_streaming
 
+    from traces.chunks import RequestSource
+
     n = len(trace) if trace is not None else expected_num_requests(config.workload)
     if n is None:                           # the config's trace file, not yet read
         n = config.workload.num_requests
-    if not use_streaming(n, args.stream):
+    in_blocks = isinstance(trace, RequestSource)    # a trace file that _trace_for streams
+    if not (in_blocks or use_streaming(n, args.stream)):
         return None
     return Stream(args.out / "records.parquet" if args.out is not None else None)
 
@@ -308,11 +311,15 @@ def _trace_for(args, config: RunConfig):
     start, end = parse_window(args.window)
     spec = ShapeSpec(start_s=start, end_s=end,
                      rate_scale=1.0 if args.rate_scale is None else args.rate_scale)
-    if args.stream:                         # read in blocks, never whole (traces.trace_stream)
+    if args.stream is not False:            # read in blocks, never whole (traces.trace_stream)
+        from sim.run_size import STREAM_MIN_REQUESTS
         from traces.trace_stream import open_stream
 
-        return open_stream(path, args.trace_format, args.skip_bad, num, duration, spec,
-                           args.window is not None, quiet=args.json)
+        streamed = open_stream(path, args.trace_format, args.skip_bad, num, duration, spec,
+                               args.window is not None, quiet=args.json,
+                               longer_than=None if args.stream else STREAM_MIN_REQUESTS)
+        if streamed is not None:            # else short (or unsorted): loaded whole below
+            return streamed
     trace, report = load_trace(path, args.trace_format, skip_bad=args.skip_bad,
                                max_requests=num if args.window is None else None)
     trace, shaped = shape(trace, spec)

@@ -170,3 +170,34 @@ def test_hawk_simulate_stream_names_a_bad_row_without_a_traceback(tmp_path, caps
     err = capsys.readouterr().err
     assert f"{path}: line 3: field 'num_prompt_tokens': must be >= 1" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("threshold, streams", [(500, True), (5000, False)])
+def test_without_a_flag_the_scan_streams_a_trace_longer_than_the_threshold(
+        tmp_path, capsys, monkeypatch, threshold, streams):
+    monkeypatch.setattr("sim.run_size.STREAM_MIN_REQUESTS", threshold)
+    monkeypatch.setattr("sim.stream.STREAM_MIN_REQUESTS", threshold)
+    path = write_trace(tmp_path / "t.csv", n=800)
+    assert main(["simulate", "--trace", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_requests"] == 800
+    assert summary["trace"].get("streamed", False) is streams
+    assert ("percentiles" in summary) is streams
+
+
+def test_a_trace_out_of_order_beyond_the_window_is_loaded_whole_unless_streaming_is_forced(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sim.run_size.STREAM_MIN_REQUESTS", 10)   # only sim.cli's choice
+    n = 100_000                                      # one row 99,000 rows late: past 65,536
+    at = np.arange(n, dtype=float)
+    at[99_000] = 0.5
+    path = tmp_path / "late.csv"
+    pd.DataFrame({"arrival_at": at, "num_prompt_tokens": 100,
+                  "num_output_tokens": 10}).to_csv(path, index=False)
+    args = ["simulate", "--trace", str(path), "--duration", "20", "--json"]
+    assert main(args) == 0                           # the whole-file loader sorts it
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_requests"] == 21 and "streamed" not in summary["trace"]
+    assert main(args + ["--stream"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: line 99002: field 'arrival_at': arrives before a request" in err

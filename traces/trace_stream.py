@@ -19,6 +19,8 @@ a row whose arrival is earlier than at most ``reorder_rows`` of the rows before 
 its place, so the requests are exactly the sorted ones. A row earlier than a request already
 passed on is refused, naming its line and the arrival column: sort the file, or load it whole
 (``--no-stream``). Every value check happens in the scan, before the run starts.
+``hawk simulate --trace`` without ``--stream``/``--no-stream`` scans first and streams a
+trace of more than ``sim.run_size.STREAM_MIN_REQUESTS`` requests, else loads it whole.
 
 Memory: a block of raw rows (``block_rows``), the reorder window and one chunk; plus 16 bytes
 a request when ``mapping`` names an id column (ids are checked for duplicates over the whole
@@ -48,6 +50,10 @@ from traces.shaping import ShapeReport, ShapeSpec
 REORDER_ROWS = 65_536
 #: rows parsed at a time (~0.5 KB each as Python text before conversion)
 BLOCK_ROWS = 16_384
+
+
+class OutOfOrder(TraceFormatError):
+    """A row arrives before a request the stream has already passed on."""
 
 
 @dataclass(frozen=True)
@@ -208,7 +214,7 @@ def _ordered(spec: TraceStream, path: Path, fmt: str, tally: Tally, tenant: str 
         column = column or dict(tally.spec.fields())["arrival_at"]
         if last is not None and len(rows["at"]) and rows["at"].min() < last:
             j = int(np.flatnonzero(rows["at"] < last)[0])
-            raise TraceFormatError(
+            raise OutOfOrder(
                 path, f"{unit} {int(rows['line'][j])}", column,
                 f"arrives before a request already passed on ({_shown(rows['at'][j], tally)} "
                 f"< {_shown(last, tally)}): a streamed trace puts rows in arrival order only "
@@ -277,15 +283,27 @@ def _shown(value, tally: Tally) -> str:
 
 def open_stream(path, format: str | None, skip_bad: bool, num_requests: int | None,
                 duration_s: float | None, shape: ShapeSpec, whole_file: bool,
-                quiet: bool = False) -> tuple[RequestSource, dict]:
+                quiet: bool = False, longer_than: int | None = None
+                ) -> tuple[RequestSource, dict] | None:
     """``hawk simulate --trace FILE --stream``: the scanned source and the trace's part of
-    the summary (what a loaded trace reports: path, load and shaping reports, requests)."""
+    the summary (what a loaded trace reports: path, load and shaping reports, requests).
+
+    With ``longer_than`` (no ``--stream``/``--no-stream``) the scan decides: a trace of more
+    requests streams; None for a shorter one, or one out of order beyond the reorder
+    window (``OutOfOrder``): load it whole (the exact path, which sorts)."""
     import sys
     from dataclasses import asdict
 
     spec = TraceStream(Path(path), format, skip_bad, num_requests=num_requests,
                        duration_s=duration_s, shape=shape, whole_file=whole_file)
-    found = scan(spec)
+    try:
+        found = scan(spec)
+    except OutOfOrder:
+        if longer_than is None:
+            raise
+        return None
+    if longer_than is not None and found.n <= longer_than:
+        return None
     if found.n == 0:
         raise ValueError(f"{path}: no requests left to simulate after the window and "
                          f"duration ({found.shaped.describe()})")

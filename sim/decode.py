@@ -95,6 +95,8 @@ class DecodeInstance(DecodeFaults):
         self._restoring: list = []            # (request, seconds): KV being restored
         self._stall = 0.0                     # restore/swap seconds due at the next boundary
         self._boundary_at = 0.0               # when the live plan's first boundary was reached
+        self._rejoin = False                  # restores reserved at that boundary: replan it
+        self._due: float | None = None        # a boundary's run start, planned after its pulls
         self.num_preemptions = 0
         self._preempted_step = -1             # the last step that preempted (no joins then)
         self._idle_at = 0.0                   # when the last run ended (idle since)
@@ -149,6 +151,8 @@ class DecodeInstance(DecodeFaults):
             if kv is None:
                 extra = output[i] if oracle else self._reservation(i)
             else:                     # on-demand: the blocks of the context it lands with
+                if source is not None and (self._rejoin or self._due is not None):
+                    self._plan_due(now)
                 if source is None and now < self._preempted_at[i]:
                     break             # preempted at a boundary planned ahead: not yet reached
                 if self.num_assigned - len(pending) >= self.max_batch_size:
@@ -184,6 +188,8 @@ class DecodeInstance(DecodeFaults):
             ledger.transfer_start_at[i] = now
             self.link.start(cost.before_s, cost.wire_bytes, self._arrived, (i, source, cost),
                             getattr(source, "host", None), getattr(cost, "source_host_s", 0.0))
+        if self._rejoin or self._due is not None:
+            self._plan_due(now)
 
     def _arrived(self, transfer: tuple) -> None:
         """The last byte landed: free the sender, then the mechanism's after phase."""
@@ -250,13 +256,21 @@ class DecodeInstance(DecodeFaults):
                               self.max_tokens) - prompt
 
     def _fits(self, need: int) -> bool:
-        """Whether ``need`` blocks are free now beyond those the step in progress holds."""
-        last = self.iteration + self._plan[3] - 1 if self._plan else self.iteration
-        return self._kv.fits(need, last, self._step_now)
+        """Whether ``need`` blocks are free now beyond those the step in progress holds: the
+        running requests' growth up to the live run's last step bounds theirs in that step
+        (``sim.npu_memory.GrowingKV``, O(1)), which settles most cases; else the exact sum."""
+        free, kv = self.memory.free_blocks, self._kv
+        if need > free:
+            return False
+        plan = self._plan
+        last = self.iteration + plan[3] - 1 if plan and self._due is None else self.iteration
+        if not kv.base or need <= free - kv.growth_upper(last):
+            return True
+        return need <= free - kv.growth(self._step_now())
 
     def _step_now(self) -> int:
         """The decode step in progress now (its blocks are taken)."""
-        if self._plan is None:
+        if self._plan is None or self._due is not None:
             return self.iteration
         start, batch, context, steps, factor = self._plan
         now = self.env.now
@@ -270,10 +284,10 @@ class DecodeInstance(DecodeFaults):
         boundary; both take effect there (at once when the instance is idle)."""
         if self._plan is None:
             if self._restoring:
-                self._admit_and_plan(max(now, self._idle_at), now)
+                self._plan_from(self._admit(max(now, self._idle_at)))
             return
         if self._restoring and now == self._boundary_at:
-            self._admit_and_plan(self._plan[0], now, redo=True)   # this boundary: redo it
+            self._rejoin = True        # this boundary: redo it once the pull's restores are in
             return
         last, kv, free = self.iteration + self._plan[3] - 1, self._kv, self.memory.free_blocks
         if self._restoring or (kv.growth_upper(last) > free and kv.growth(last) > free):
@@ -291,6 +305,29 @@ class DecodeInstance(DecodeFaults):
         tokens = context - 1 if kind == "recompute" else context
         self._restoring.append((i, self.restore_time(tokens, kind) if tokens > 0 else 0.0))
         self._after_reserving(self.env.now)
+
+    def _plan_due(self, now: float) -> None:
+        """Plan the run from the boundary just reached, once its pulls are in (before a new
+        request's pull, which checks that plan's slack, or when the pulls stop).
+
+        Restores reserved there join it: its plan is made (or redone) once for all of them.
+        Each stalls the batch in turn (as a replan per restore would add it); they join
+        first, in the order they were restored. Which restores fit depends on no plan: the
+        step in progress is the boundary's, whose blocks they hold as their reservation."""
+        at, self._due = (self._plan[0], None) if self._due is None else (self._due, None)
+        if not self._rejoin:
+            self._plan_from(at)
+            return
+        self._rejoin = False
+        waiting, restoring = self.waiting, self._restoring
+        for i, _ in reversed(restoring):
+            waiting.appendleft(i)
+        for _, seconds in restoring:
+            if seconds:
+                self.busy_time += seconds
+                at += seconds
+        restoring.clear()
+        self._plan_from(self._admit(at, redo=True))
 
     def _make_room(self, at: float, it: int) -> float:
         """At boundary ``it``: preempt what step ``it`` has no blocks for, queue the restored
@@ -314,14 +351,14 @@ class DecodeInstance(DecodeFaults):
 
     def _preempt(self, i: int, base: int, it: int) -> None:
         """Preempt running ``i`` at iteration ``it``: free its blocks and queue it first."""
-        running = self.running                 # (finish iteration, request): no two alike,
-        for k, entry in enumerate(running):    # so any heap of them pops in the same order
-            if entry[1] == i:
-                last = running.pop()
-                if k < len(running):
-                    running[k] = last
-                    heapq.heapify(running)
-                break
+        # Its entry is (finish iteration, i), the finish iteration prompt + output - base; no
+        # two entries are alike, so any heap of them pops in the same order.
+        running, ledger = self.running, self.ledger
+        k = running.index((ledger.prompt[i] + ledger.output[i] - base, i))
+        last = running.pop()
+        if k < len(running):
+            running[k] = last
+            heapq.heapify(running)
         self._context_base -= base
         self.memory.release(i)
         context = self._resume[i] = base + it
@@ -342,7 +379,7 @@ class DecodeInstance(DecodeFaults):
         if now < start and now < self._boundary_at:
             # A planned run not yet begun: redo it from the same boundary (its instant stays
             # ``_boundary_at``; ``start`` is later by any restore stall planned there).
-            self._admit_and_plan(start, now, redo=True)
+            self._plan_from(self._admit(start, redo=True))
             return
         # (in a stall, its first step has begun)
         done, t = self.predictor.decode_next_boundary(batch, context, steps,
@@ -353,7 +390,7 @@ class DecodeInstance(DecodeFaults):
         self.busy_time += at - start
         self.num_iterations += done
         self.iteration += done
-        self._admit_and_plan(at, now)
+        self._plan_from(self._admit(at))
 
     def _on_timer(self) -> None:
         self.num_wakeups += 1
@@ -376,15 +413,25 @@ class DecodeInstance(DecodeFaults):
                                        else prompt[i] + 1 - joined[i])
                 self._finish(i, now)
             freed = True
-        self._admit_and_plan(now if self._plan is not None or now >= self._idle_at
-                             else self._idle_at, now)
+        at = now if self._plan is not None or now >= self._idle_at else self._idle_at
+        if freed and self.pending and self._kv is not None:
+            at = self._admit(at)
+            if running:
+                # Pulls follow: restores among them join this boundary, so plan once they are
+                # in (``_plan_due``); until then the step in progress is this boundary's.
+                self._due, self._slack = at, -1
+            else:
+                self._plan_from(at)
+            self._pull()
+            return
+        self._plan_from(self._admit(at))
         if freed and self.pending:
             self._pull()
 
-    def _admit_and_plan(self, at: float, now: float, redo: bool = False) -> None:
-        """Join waiting requests at iteration boundary ``at``, then plan the run from there:
-        up to the next finish (fast-forward) or one iteration (the oracle); on-demand, also
-        up to the first step short of blocks, where running requests are preempted."""
+    def _admit(self, at: float, redo: bool = False) -> float:
+        """At iteration boundary ``at``: make room (on-demand, preempt what the step has no
+        blocks for; restores and swaps stall the batch), then join waiting requests. Returns
+        the run's start (``at`` after any stall). ``redo``: the boundary planned last again."""
         running, waiting, it, kv = self.running, self.waiting, self.iteration, self._kv
         if not redo:
             self._boundary_at = at
@@ -406,7 +453,15 @@ class DecodeInstance(DecodeFaults):
                 heapq.heappush(running, (it + ledger.output[i] - context + prompt, i))
                 if kv is not None:
                     kv.join(i, context - it, it)
+        return at
+
+    def _plan_from(self, at: float) -> None:
+        """Plan the run from the boundary reached (starting at ``at``): up to the next finish
+        (fast-forward) or one iteration (the oracle); on-demand, also up to the first step
+        short of blocks, where running requests are preempted."""
+        running, waiting, it, kv = self.running, self.waiting, self.iteration, self._kv
         if running:
+            preempted = self._preempted_step == it
             batch, factor = len(running), self._factor
             steps = running[0][0] - it if self.fast_forward else 1
             if kv is not None:
@@ -416,7 +471,7 @@ class DecodeInstance(DecodeFaults):
                 slack = self.memory.free_blocks + kv.reserved - (
                     self._context_base + batch * (it + steps - 1 + B - 1)) // B
                 if slack < 0:
-                    steps, slack = kv.steps_fitting(it, steps), 0
+                    steps, slack = kv.steps_short(it, steps), 0
                 self._slack = slack
             context = self._context_base + batch * it
             if self._padded:              # a request's context is its offset + it, where

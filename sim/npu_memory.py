@@ -72,7 +72,7 @@ class BlockPool:
     def try_reserve(self, request, num_prompt_tokens: int, num_output_tokens: int) -> str:
         if request in self.held:
             raise ValueError(f"request {request!r} already holds a reservation")
-        need = blocks_for(num_prompt_tokens + num_output_tokens, self.block_size)
+        need = -(-(num_prompt_tokens + num_output_tokens) // self.block_size)   # blocks_for
         if need > self.free_blocks:
             self.num_waits += 1
             return WAIT
@@ -314,22 +314,17 @@ class GrowingKV:
         self._step, self._growth = t, g
         return g
 
-    def fits(self, need: int, t_last: int, step_now) -> bool:
-        """Whether ``need`` more blocks can be reserved now without taking any that step
-        ``step_now()`` holds (``t_last``: the last step planned, for the O(1) bound)."""
-        free = self.pool.free_blocks
-        if not self.base or need <= free - self.growth_upper(t_last):
-            return need <= free
-        return need <= free - self.growth(step_now())
-
     def steps_fitting(self, t: int, max_steps: int) -> int:
         """Steps t, t+1, ... (at most ``max_steps``) whose blocks fit: request ``i`` takes a
         block at step ``t + r_i + 1``, ``r_i = -(base_i + t) mod B``, then every ``B`` steps
         (``policies.admission.steps_until_full``, by residue counts instead of a sort)."""
-        free = self.pool.free_blocks
-        if not self.base or self.growth_upper(t + max_steps - 1) <= free:
+        if not self.base or self.growth_upper(t + max_steps - 1) <= self.pool.free_blocks:
             return max_steps
-        spare = free - self.growth(t)
+        return self.steps_short(t, max_steps)
+
+    def steps_short(self, t: int, max_steps: int) -> int:
+        """``steps_fitting`` where the bound says step ``t + max_steps - 1`` may be short."""
+        spare = self.pool.free_blocks - self.growth(t)
         if spare < 0:
             return 0
         b, residues = self.block_size, self.residues
@@ -342,11 +337,11 @@ class GrowingKV:
 
     def make_room(self, t: int) -> list:
         """Requests to preempt, most recent first, so that step ``t`` gets its blocks; each
-        has left (``leave``); the caller releases their reservations. [(request, base)]"""
-        free = self.pool.free_blocks
-        if not self.base or self.growth_upper(t) <= free:
+        has left (``leave``); the caller releases their reservations. [(request, base)]
+        (The caller asks when the O(1) bound says step ``t`` may be short.)"""
+        if not self.base:
             return []
-        over, b, held = self.growth(t) - free, self.block_size, self.pool.held
+        over, b, held = self.growth(t) - self.pool.free_blocks, self.block_size, self.pool.held
         victims = []
         while over > 0 and self.base:
             v = pick_victim(self.base)

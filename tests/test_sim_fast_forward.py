@@ -71,6 +71,28 @@ def test_fast_forward_preempts_somewhere_in_the_property_above():
     assert simulate(config, trace).stats["decode_preemptions"][0] > 0
 
 
+def test_restores_at_one_boundary_join_it_with_one_replan(monkeypatch):
+    """Restores reserved at the boundary just reached join it with one plan for all of them
+    (``DecodeInstance._plan_due``), each stalling the batch in turn: as the oracle has it."""
+    from sim.decode import DecodeInstance
+
+    restored_together = []
+    plan_due = DecodeInstance._plan_due
+
+    def spy(self, now):
+        if self._rejoin:
+            restored_together.append(len(self._restoring))
+        plan_due(self, now)
+
+    monkeypatch.setattr(DecodeInstance, "_plan_due", spy)
+    trace = random_trace(np.random.default_rng(4), 150, 4.0, max_output=300)
+    config = make_config(**{"cluster.decode.max_batch_size": 32,
+                            "cluster.decode.max_num_blocks": 200})
+    fast, slow = run_both(config, trace)
+    assert max(restored_together) >= 2
+    assert_same_instants(fast, slow)
+
+
 def test_fast_forward_matches_oracle_with_a_table_predictor():
     config = make_config(**{"cluster.decode.max_batch_size": 16})
     roofline = make_predictor(config, config.cluster.decode)

@@ -21,6 +21,10 @@ INSTANTS = ("prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer
 #: the router's rejection codes (``Router.reject_codes``) as statuses; 0: it can be served
 REJECTIONS = (None, Status.REJECTED_PROMPT_TOO_LONG, Status.REJECTED_PREFILL_CAPACITY,
               Status.REJECTED_DECODE_CAPACITY)
+#: a status's code (its position among ``Status``) and the records' value of each code
+_CODES = {status: code for code, status in enumerate(Status)}
+_VALUES = np.array([status.value for status in Status], dtype=object)
+_OK = _CODES[Status.OK]
 
 
 class Ledger:
@@ -32,8 +36,8 @@ class Ledger:
         self.output: list[int] = trace.num_output_tokens.tolist()
         self.arrival_at: list[float] = trace.arrival_at.tolist()
         self.status: list[Status | None] = [None] * n
-        self.prefill_instance = [-1] * n
-        self.decode_instance = [-1] * n
+        self.prefill_instance = array("q", [-1]) * n   # integer columns, read as arrays too
+        self.decode_instance = array("q", [-1]) * n
         # Instants are written once each and read back as whole columns: flat float arrays
         # turn into the records table without a per-element conversion.
         nans = array("d", [NAN]) * n
@@ -55,6 +59,8 @@ class Ledger:
         router's ``reject_codes(prompt lengths, output lengths) -> codes`` over the trace."""
         code = reject_codes(self.trace.num_prompt_tokens, self.trace.num_output_tokens)
         self.rejected = code != 0
+        if not self.rejected.any():
+            return [None] * self.n
         return [REJECTIONS[c] for c in code.tolist()]
 
     def fail(self, i: int, status: Status, now: float) -> None:
@@ -87,25 +93,30 @@ class Ledger:
         happened by ``cut_at``: components plan some instants ahead (a batch admitted before
         its arrival, a run of decode iterations), so later instants are blanked and a request
         that ended after the cut is ``unfinished``."""
-        status = list(self.status)
+        status = self.status
         columns = {name: getattr(self, name) for name in INSTANTS}
         if cut_at is not None:
+            status = list(status)
             ended = self.finished_at
             for i, s in enumerate(status):
                 if s is not None and ended[i] > cut_at:
                     status[i] = None
             columns = {name: np.where(np.frombuffer(values) > cut_at, NAN, values)
                        for name, values in columns.items()}
-        if None in status:
+        try:
+            codes = np.fromiter(map(_CODES.__getitem__, status), np.int8, len(status))
+        except KeyError:                          # some request is in no final state
+            status = list(status)
             for i, s in enumerate(status):
                 if s is None:
                     if cut_at is None:
                         raise RuntimeError(f"request {self.trace.request_id[i]} ended in no "
-                                           f"state")
+                                           f"state") from None
                     status[i] = Status.UNFINISHED
-        values = np.array([s._value_ for s in status], dtype=object)
+            codes = np.fromiter(map(_CODES.__getitem__, status), np.int8, len(status))
+        values = _VALUES[codes]
         outputs = self.trace.num_output_tokens
-        generated = np.where(values == Status.OK.value, outputs, 0)   # all or nothing
+        generated = np.where(codes == _OK, outputs, 0)   # all or nothing
         return records_frame({
             "request_id": self.trace.request_id,
             "arrival_at": self.trace.arrival_at,

@@ -168,6 +168,23 @@ class PrefillInstance:
                           self.free_blocks, self.block_size)
         if not picks:
             return None
+        if len(picks) == 1 and self.fairness is None:   # the common batch below saturation
+            (i, n), = picks
+            at = ledger.arrival_at[i]
+            if not at > now:
+                at = now
+            computed = done.pop(i, None)
+            if computed is None:                  # first chunk: its blocks, its start
+                self.free_blocks -= -(-prompt[i] // self.block_size)   # blocks_for
+                ledger.prefill_start_at[i] = at
+                computed = 0
+            computed += n
+            self.queued_tokens -= n
+            if computed != prompt[i]:
+                done[i] = computed
+                return (), [n], at
+            queue.remove(i)
+            return (i,), [n], at
         arrival, bs = ledger.arrival_at, self.block_size
         at, lens, first, finished, blocks = now, [], [], [], 0
         for i, n in picks:

@@ -184,12 +184,14 @@ class RooflinePredictor(Predictor):
 
     def _prefill_time(self, prompt_lens: Sequence[int]) -> float:
         tokens = float(sum(prompt_lens))
-        pairs = float(sum(n * (n + 1) // 2 for n in prompt_lens))   # causal attention
+        # causal attention: n (n + 1) / 2 pairs per prompt (each product is even: exact)
+        pairs = float(sum([n * (n + 1) for n in prompt_lens]) // 2)
         flops = (self._body_flops_per_token * tokens + self._lm_head_flops * len(prompt_lens)
                  + self._attn_flops_per_ctx * pairs)
         nbytes = self._weights + self._kv_per_token * tokens
+        allreduce = self.allreduce_time(int(tokens)) if self.tp > 1 else 0.0
         return (max(flops / self._prefill_flops_rate, nbytes / self._prefill_bytes_rate)
-                + self.allreduce_time(int(tokens)) + self.eff.step_overhead_s)
+                + allreduce + self.eff.step_overhead_s)
 
     def _decode_lines(self, batch: int) -> tuple[float, float, float, float, float]:
         """Step time = const + max(c0 + c1 * context, m0 + m1 * context), cached per batch."""

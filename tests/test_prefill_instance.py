@@ -91,3 +91,23 @@ def test_chunked_runs_match_with_and_without_a_fairness_policy():
     fair = simulate(config.replace(**{"cluster.policies.fairness": "weighted_fair"})).records
     assert (plain["status"] == "ok").all()
     assert plain.equals(fair)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_roofline_prefill_time_of_a_batch_is_its_closed_form(tp):
+    from hardware import catalog
+    from sim.predictor import RooflinePredictor, load_profile
+
+    config = make_config()
+    model, device = catalog.model(config.cluster.model), config.cluster.prefill.device
+    eff = load_profile(config.cluster.profile)[device]
+    pred = RooflinePredictor(model, catalog.device(device), tp, eff)
+    lens = [1500, 548, 7]
+    tokens, pairs = sum(lens), sum(n * (n + 1) / 2 for n in lens)   # causal attention pairs
+    flops = (pred._body_flops_per_token * tokens + pred._lm_head_flops * len(lens)
+             + pred._attn_flops_per_ctx * pairs)
+    nbytes = pred._weights + pred._kv_per_token * tokens
+    expected = (max(flops / pred._prefill_flops_rate, nbytes / pred._prefill_bytes_rate)
+                + pred.allreduce_time(tokens) + eff.step_overhead_s)
+    assert pred.prefill_time(lens) == pytest.approx(expected, rel=1e-12)
+    assert (pred.allreduce_time(tokens) > 0) == (tp > 1)

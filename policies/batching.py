@@ -9,9 +9,10 @@ Prefill batching policies (``PREFILL_BATCHING``) share one signature:
     pick(order, prompt_lens, done, max_batch_size, max_batch_tokens, free_blocks, block_size)
         -> [(request, num_tokens), ...]
 
-``order`` is the queue in the order the requests may be served (arrival order, or a fairness
-policy's order, ``policies.fairness``), ``done`` maps a request to the prompt tokens already
-computed (chunked prefill; absent = 0), ``free_blocks`` the free KV blocks of the send buffer.
+``order`` is the queue in the order the requests may be served (arrival order, a deque, or a
+fairness policy's order, a list: ``policies.fairness``; iterate it, don't slice it), ``done``
+maps a request to the prompt tokens already computed (chunked prefill; absent = 0),
+``free_blocks`` the free KV blocks of the send buffer.
 A request's whole prompt takes its blocks when its first tokens are scheduled, so a request
 already started needs none. The returned pairs are the iteration's batch: each request and the
 prompt tokens it computes now; a request leaves the queue when all its tokens are computed.

@@ -2,17 +2,18 @@
 
 Each batch takes the longest FCFS head that fits the token budget, the batch size and the
 free blocks of the send buffer (``policies.batching``), waits the batch's predicted time (one
-timer), then hands every request to the decode side. The instance is driven by callbacks: an
-arrival or a buffer release starts the next batch when it is idle. A batch of requests admitted
-ahead of their arrival (``Router.admit_until``) starts at the last one's arrival. A request's
-KV cache stays in the send buffer until the decode side has pulled it (``release``), so a slow
-decode side backs up into prefill.
+wake-up event, re-armed for every batch), then hands every request to the decode side. The
+instance is driven by callbacks: an arrival or a buffer release starts the next batch when it
+is idle. A batch of requests admitted ahead of their arrival (``Router.admit_until``) starts at
+the last one's arrival. A request's KV cache stays in the send buffer until the decode side has
+pulled it (``release``), so a slow decode side backs up into prefill.
 
-Other policies (``policies.batching.PREFILL_BATCHING``: shortest-prompt-first, chunked prefill;
-``policies.fairness``: per-tenant weighted fair queues) take the general path: the queue is kept
-in the fairness policy's order, the batching policy picks (request, tokens) pairs from it, and
-a request leaves the queue once all its prompt tokens are computed (``done``). The default,
-FCFS with a token budget, keeps the deque and the head-of-queue fast path.
+Other policies (``policies.batching.PREFILL_BATCHING``: shortest-prompt-first, chunked prefill
+(the default); ``policies.fairness``: per-tenant weighted fair queues) take the general path:
+the batching policy picks (request, tokens) pairs from the queue, and a request leaves the queue
+once all its prompt tokens are computed (``done``). Without a fairness policy the queue is a
+deque in arrival order (a chunked batch's finished requests lead it); with one, a list kept in
+the policy's order. Whole-prompt FCFS keeps the head-of-queue fast path (``_take_fcfs``).
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ class DecodeInstance(DecodeFaults):
         self._due: float | None = None        # a boundary's run start, planned after its pulls
         self.num_preemptions = 0
         self._preempted_step = -1             # the last step that preempted (no joins then)
+        self._joined: list = []               # (request, restored?) joined at _boundary_at
         self._idle_at = 0.0                   # when the last run ended (idle since)
         self._slack = memory.free_blocks if hasattr(memory, "free_blocks") else 0
         # blocks pulls may take without cutting the live run short (on-demand; < 0: check)
@@ -379,6 +380,8 @@ class DecodeInstance(DecodeFaults):
         if now < start and now < self._boundary_at:
             # A planned run not yet begun: redo it from the same boundary (its instant stays
             # ``_boundary_at``; ``start`` is later by any restore stall planned there).
+            if self._joined:
+                self._unjoin()
             self._plan_from(self._admit(start, redo=True))
             return
         # (in a stall, its first step has begun)
@@ -391,6 +394,28 @@ class DecodeInstance(DecodeFaults):
         self.num_iterations += done
         self.iteration += done
         self._plan_from(self._admit(at))
+
+    def _unjoin(self) -> None:
+        """Redoing a boundary planned ahead: the requests that joined there leave again, so
+        that room is made among those running before it, and then they join afresh after
+        the restores reserved since, as the oracle has it (it reaches that boundary with all
+        of them reserved): restores first in line (their stall is counted already), then the
+        others ahead of requests that landed since."""
+        kv, ledger, running, it = self._kv, self.ledger, self.running, self.iteration
+        restores, others = [], []
+        for i, restored in self._joined:
+            base = kv.leave(i)
+            self._context_base -= base
+            running.remove((ledger.prompt[i] + ledger.output[i] - base, i))
+            if restored:
+                self._resume[i] = base + it
+                restores.append((i, 0.0))
+            else:
+                others.append(i)
+        self._joined.clear()
+        heapq.heapify(running)
+        self._restoring[:0] = restores
+        self.waiting.extendleft(reversed(others))
 
     def _on_timer(self) -> None:
         self.num_wakeups += 1
@@ -435,6 +460,8 @@ class DecodeInstance(DecodeFaults):
         running, waiting, it, kv = self.running, self.waiting, self.iteration, self._kv
         if not redo:
             self._boundary_at = at
+            if self._joined:
+                self._joined.clear()
         # The last plan left ``_slack`` blocks over its last step; one step more takes at
         # most one block per request it ran, so only a smaller slack needs the bound.
         if kv is not None and (self._restoring or self._stall or running and (
@@ -448,11 +475,13 @@ class DecodeInstance(DecodeFaults):
                 i = waiting.popleft()
                 ledger.join_iteration[i] = it
                 prompt = ledger.prompt[i]
-                context = self._resume.pop(i, prompt + 1) if self._resume else prompt + 1
+                restored = bool(self._resume) and i in self._resume
+                context = self._resume.pop(i) if restored else prompt + 1
                 self._context_base += context - it
                 heapq.heappush(running, (it + ledger.output[i] - context + prompt, i))
                 if kv is not None:
                     kv.join(i, context - it, it)
+                    self._joined.append((i, restored))
         return at
 
     def _plan_from(self, at: float) -> None:

@@ -79,10 +79,11 @@ def test_measured_ttft_tpot_match_the_server_delays(api):
 def test_keeps_an_open_loop_schedule_at_200_per_second():
     """Sends follow the trace, not the responses: at 200 req/s against a server that takes
     about 1 s per request, some 200 requests are in flight at once. A client that waited for
-    answers, or capped its connections (aiohttp's default is 100), would fall seconds behind
-    and keep falling; an open-loop one lags only by scheduling noise, which a loaded machine
-    stretches to tens of milliseconds, and that lag does not build up over the run."""
-    rate, seconds = 200.0, 2.0
+    answers, or capped its connections (aiohttp's default is 100: about 93 requests/s here),
+    would fall behind and keep falling, about 3 s by the last of 600; an open-loop one lags only by
+    scheduling noise, tens of milliseconds, up to about a second on a heavily loaded 2-core
+    machine, and that lag does not build up over the run."""
+    rate, seconds = 200.0, 3.0
     arrivals = np.arange(int(rate * seconds)) / rate
     with stub_server(ttft_s=1.0, tpot_s=0.01) as url:
         result = replay(make_trace(arrivals, output=8), ReplayConfig(url, timeout_s=30))
@@ -91,9 +92,9 @@ def test_keeps_an_open_loop_schedule_at_200_per_second():
     sent = result.client["sent_at"].to_numpy()
     assert np.all(sent >= arrivals - 1e-3)                      # never early
     lag = result.client["send_lag_s"].to_numpy()
-    assert lag.max() < 0.75, summary                            # a 100-connection cap: > 2 s
+    assert lag.max() < 2.0, summary                             # a 100-connection cap: 3 s
     tail, head = np.median(lag[-100:]), np.median(lag[:100])
-    assert tail < head + 0.25, (head, tail)                     # no build-up over the run
+    assert tail < head + 1.0, (head, tail)                      # capped: + 3 s by the end
     assert summary["ttft_p50_s"] == pytest.approx(1.0, abs=0.5)   # the answers really were slow
 
 

@@ -15,6 +15,7 @@ Flow of one request (Algorithm 1 of the paper, decode side):
    this node's decode steps. Then the KV is in the pool and the first token reaches the client.
 3. At the next iteration boundary the request joins the batch; after ``n - 1`` iterations it
    finishes and its memory is released, which may let the next pending request be pulled.
+   Such a boundary is planned once its pulls are in: restores reserved there join it.
 
 Fast-forward (docs/design.md): between batch changes the batch is fixed, so the instance schedules
 one timer for the ``k`` iterations until the next finish, timed in closed form by the predictor
@@ -287,9 +288,6 @@ class DecodeInstance(DecodeFaults):
             if self._restoring:
                 self._plan_from(self._admit(max(now, self._idle_at)))
             return
-        if self._restoring and now == self._boundary_at:
-            self._rejoin = True        # this boundary: redo it once the pull's restores are in
-            return
         last, kv, free = self.iteration + self._plan[3] - 1, self._kv, self.memory.free_blocks
         if self._restoring or (kv.growth_upper(last) > free and kv.growth(last) > free):
             self._change_at_next_boundary(now)
@@ -305,7 +303,11 @@ class DecodeInstance(DecodeFaults):
         kind = self.admission.preemption
         tokens = context - 1 if kind == "recompute" else context
         self._restoring.append((i, self.restore_time(tokens, kind) if tokens > 0 else 0.0))
-        self._after_reserving(self.env.now)
+        now = self.env.now
+        if self._plan is not None and now == self._boundary_at:
+            self._rejoin = True        # this boundary: redo it once the pull's restores are in
+        else:
+            self._after_reserving(now)
 
     def _plan_due(self, now: float) -> None:
         """Plan the run from the boundary just reached, once its pulls are in (before a new
@@ -327,8 +329,8 @@ class DecodeInstance(DecodeFaults):
             if seconds:
                 self.busy_time += seconds
                 at += seconds
-        restoring.clear()
-        self._plan_from(self._admit(at, redo=True))
+        restoring.clear()                      # (they fitted beyond the step's blocks:
+        self._plan_from(self._admit(at, redo=True, room=False))   # no room to make)
 
     def _make_room(self, at: float, it: int) -> float:
         """At boundary ``it``: preempt what step ``it`` has no blocks for, queue the restored
@@ -380,8 +382,8 @@ class DecodeInstance(DecodeFaults):
         if now < start and now < self._boundary_at:
             # A planned run not yet begun: redo it from the same boundary (its instant stays
             # ``_boundary_at``; ``start`` is later by any restore stall planned there).
-            if self._joined:
-                self._unjoin()
+            if self._joined and (self._restoring or self._short_at(self.iteration)):
+                self._unjoin()       # (else they would join again alike: they hold no growth)
             self._plan_from(self._admit(start, redo=True))
             return
         # (in a stall, its first step has begun)
@@ -394,6 +396,11 @@ class DecodeInstance(DecodeFaults):
         self.num_iterations += done
         self.iteration += done
         self._plan_from(self._admit(at))
+
+    def _short_at(self, it: int) -> bool:
+        """Whether step ``it`` is short of blocks now (room must be made at its boundary)."""
+        kv, free = self._kv, self.memory.free_blocks
+        return kv.growth_upper(it) > free and kv.growth(it) > free
 
     def _unjoin(self) -> None:
         """Redoing a boundary planned ahead: the requests that joined there leave again, so
@@ -453,10 +460,11 @@ class DecodeInstance(DecodeFaults):
         if freed and self.pending:
             self._pull()
 
-    def _admit(self, at: float, redo: bool = False) -> float:
+    def _admit(self, at: float, redo: bool = False, room: bool = True) -> float:
         """At iteration boundary ``at``: make room (on-demand, preempt what the step has no
         blocks for; restores and swaps stall the batch), then join waiting requests. Returns
-        the run's start (``at`` after any stall). ``redo``: the boundary planned last again."""
+        the run's start (``at`` after any stall). ``redo``: the boundary planned last again;
+        ``room`` False: the step's blocks are known to be there."""
         running, waiting, it, kv = self.running, self.waiting, self.iteration, self._kv
         if not redo:
             self._boundary_at = at
@@ -464,7 +472,7 @@ class DecodeInstance(DecodeFaults):
                 self._joined.clear()
         # The last plan left ``_slack`` blocks over its last step; one step more takes at
         # most one block per request it ran, so only a smaller slack needs the bound.
-        if kv is not None and (self._restoring or self._stall or running and (
+        if room and kv is not None and (self._restoring or self._stall or running and (
                 self._plan is None or self._slack < self._plan[1]) and
                 kv.growth_upper(it) > self.memory.free_blocks):
             at = self._make_room(at, it)

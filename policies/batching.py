@@ -43,7 +43,10 @@ def fcfs_prefill_batch(queue: Iterable[int], prompt_lens: Sequence[int], max_bat
 
 def fcfs_decode_admit(num_waiting: int, num_running: int, max_batch_size: int) -> int:
     """Continuous batching: join as many waiting requests as the batch has room for."""
-    return max(0, min(num_waiting, max_batch_size - num_running))
+    room = max_batch_size - num_running              # once per decode boundary: no min/max calls
+    if num_waiting < room:
+        room = num_waiting
+    return room if room > 0 else 0
 
 
 Pick = Callable[..., list]

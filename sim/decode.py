@@ -101,6 +101,7 @@ class DecodeInstance(DecodeFaults):
         self.num_preemptions = 0
         self._preempted_step = -1             # the last step that preempted (no joins then)
         self._joined: list = []               # (request, restored?) joined at _boundary_at
+        self._redo_due = False                # the boundary planned ahead is redone when reached
         self._idle_at = 0.0                   # when the last run ended (idle since)
         self._slack = memory.free_blocks if hasattr(memory, "free_blocks") else 0
         # blocks pulls may take without cutting the live run short (on-demand; < 0: check)
@@ -381,10 +382,17 @@ class DecodeInstance(DecodeFaults):
         start, batch, context, steps, factor = self._plan
         if now < start and now < self._boundary_at:
             # A planned run not yet begun: redo it from the same boundary (its instant stays
-            # ``_boundary_at``; ``start`` is later by any restore stall planned there).
-            if self._joined and (self._restoring or self._short_at(self.iteration)):
-                self._unjoin()       # (else they would join again alike: they hold no growth)
-            self._plan_from(self._admit(start, redo=True))
+            # ``_boundary_at``; ``start`` is later by any restore stall planned there). If room
+            # must be made there, redo it when the boundary is reached: memory freed before
+            # then (a failed transfer, a one-token request ending as it lands) may spare the
+            # requests a redo now would preempt.
+            if self._redo_due:
+                return
+            if self._kv is not None and self.running and self._short_at(self.iteration):
+                self._redo_due = True
+                self._timer.set(self._boundary_at)
+                return
+            self._redo()
             return
         # (in a stall, its first step has begun)
         done, t = self.predictor.decode_next_boundary(batch, context, steps,
@@ -392,6 +400,13 @@ class DecodeInstance(DecodeFaults):
         if done >= steps:
             return                                     # the run's end is that boundary
         at = start + factor * t
+        if self._kv is not None and self.running and self._short_at(self.iteration + done):
+            # Room must be made at that boundary: decide whom to preempt when it is reached
+            # (memory freed before then may spare them). The live run ends there instead.
+            self._plan = (start, batch, context, done, factor)
+            self._timer_steps, self._end, self._slack = done, at, -1
+            self._timer.set(at)
+            return
         self.busy_time += at - start
         self.num_iterations += done
         self.iteration += done
@@ -424,8 +439,18 @@ class DecodeInstance(DecodeFaults):
         self._restoring[:0] = restores
         self.waiting.extendleft(reversed(others))
 
+    def _redo(self) -> None:
+        """Redo the boundary planned last, from its instant (see _change_at_next_boundary)."""
+        if self._joined and (self._restoring or self._short_at(self.iteration)):
+            self._unjoin()           # (else they would join again alike: they hold no growth)
+        self._plan_from(self._admit(self._plan[0], redo=True))
+
     def _on_timer(self) -> None:
         self.num_wakeups += 1
+        if self._redo_due:                     # a boundary planned ahead, reached: redo it
+            self._redo_due = False
+            self._redo()
+            return
         self._boundary(self._timer_steps)
 
     def _boundary(self, steps: int) -> None:

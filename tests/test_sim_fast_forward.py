@@ -2,13 +2,13 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from hardware import catalog
 from sim.cluster import make_predictor, simulate
 from sim.paper import serving_config
 from sim.predictor import Predictor, TablePredictor
-from tests.builders import make_config, random_trace
+from tests.builders import make_config, make_trace, random_trace
 
 INSTANTS = ["prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer_end_at",
             "first_token_at", "finished_at"]
@@ -237,6 +237,46 @@ def test_a_request_landing_in_a_restore_stall_joins_after_the_stalled_step(seed,
     config = make_config(**{"seed": seed, "cluster.decode.num_instances": 2,
                             "cluster.decode.max_num_blocks": blocks,
                             "faults.transfer_failure_prob": p,
+                            "faults.link_down": [[15.0, 18.0]],
+                            "faults.instance_loss": [[1, 40.0]]})
+    fast, slow = run_both(config, trace)
+    assert_same_instants(fast, slow)
+
+
+def one_token_heavy_trace(seed: int, n: int = 200, rate: float = 3.0):
+    """Poisson arrivals, a third of the requests asking for one token (they end as their KV
+    lands, freeing its blocks between iteration boundaries)."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    prompts = rng.integers(1, 3000, n)
+    outputs = np.where(rng.random(n) < 0.3, 1, rng.integers(2, 300, n))
+    return make_trace(arrivals, prompts, outputs)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), blocks=st.integers(150, 400),
+       admission=st.sampled_from(["on-demand-recompute", "on-demand-swap"]))
+@example(seed=19, blocks=380, admission="on-demand-recompute")
+def test_preemption_waits_for_its_boundary_when_memory_is_freed_between_boundaries(
+        seed, blocks, admission):
+    """A change mid-run (a request landing) is planned from the next iteration boundary, ahead
+    of the clock. If room must be made there, whom to preempt is decided when the boundary is
+    reached: a one-token request ending as it lands (or a failed transfer) frees blocks before
+    then, and the oracle, deciding at the boundary, preempts fewer (the fast path once decided
+    at planning time and was off by minutes)."""
+    config = make_config(**{"seed": seed, "cluster.decode.max_num_blocks": blocks,
+                            "cluster.decode.admission": admission})
+    fast, slow = run_both(config, one_token_heavy_trace(seed))
+    assert_same_instants(fast, slow)
+
+
+def test_preemption_waits_for_its_boundary_under_transfer_failures():
+    """The same with faults: a transfer failing before a boundary planned ahead frees its
+    reservation, which spares a request there."""
+    trace = random_trace(np.random.default_rng(64910), 200, 3.0, max_output=300)
+    config = make_config(**{"seed": 64910, "cluster.decode.num_instances": 2,
+                            "cluster.decode.max_num_blocks": 261,
+                            "faults.transfer_failure_prob": 0.30272895537477196,
                             "faults.link_down": [[15.0, 18.0]],
                             "faults.instance_loss": [[1, 40.0]]})
     fast, slow = run_both(config, trace)

@@ -400,9 +400,10 @@ class DecodeInstance(DecodeFaults):
         if done >= steps:
             return                                     # the run's end is that boundary
         at = start + factor * t
-        if self._kv is not None and self.running and self._short_at(self.iteration + done):
-            # Room must be made at that boundary: decide whom to preempt when it is reached
-            # (memory freed before then may spare them). The live run ends there instead.
+        if self._kv is not None and self._slack < 0 and self._short_at(self.iteration + done):
+            # Room must be made at that boundary (a run with slack >= 0 has the blocks of all
+            # its steps): decide whom to preempt when it is reached (memory freed before then
+            # may spare them). The live run ends there instead.
             self._plan = (start, batch, context, done, factor)
             self._timer_steps, self._end, self._slack = done, at, -1
             self._timer.set(at)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -60,8 +61,10 @@ def instructions(*args: str) -> int:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise ValgrindMissing("valgrind is not on the PATH (Debian: apt install valgrind)")
+    env = {**os.environ, "PYTHONHASHSEED": "0"}      # string hashing: the same work each run
     done = subprocess.run([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                           sys.executable, "-c", RUN, *args], capture_output=True, text=True)
+                           sys.executable, "-c", RUN, *args], capture_output=True, text=True,
+                          env=env)
     found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
     if done.returncode != 0 or found is None:
         raise RuntimeError(f"callgrind run {args} failed (exit {done.returncode}): "

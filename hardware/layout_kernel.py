@@ -30,6 +30,7 @@ import functools
 import hashlib
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -52,10 +53,18 @@ def enabled() -> bool:
     return os.environ.get(ENV_VAR, "1").strip() != "0"
 
 
+def _flags() -> tuple[list[str], list[str]]:
+    """Compiler and linker flags. ``at::parallel_for`` is a header template: where ATen runs
+    its threads on OpenMP, its ``#pragma omp parallel`` splits the pages only in code built
+    with -fopenmp; without it the kernel ran on one thread whatever torch's thread count."""
+    openmp = "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
+    return ["-O3", *(["-fopenmp"] if openmp else [])], (["-fopenmp"] if openmp else [])
+
+
 def _source_tag() -> str:
-    """A short hash of the kernel's sources, for the build's name: an edited kernel is built
-    afresh rather than loaded from a cache of the old one."""
-    digest = hashlib.sha1()
+    """A short hash of the kernel's sources and flags, for the build's name: an edited kernel
+    is built afresh rather than loaded from a cache of the old one."""
+    digest = hashlib.sha1(repr(_flags()).encode())
     for path in sorted(CSRC.iterdir()):
         if path.suffix in (".cpp", ".h"):
             digest.update(path.name.encode() + path.read_bytes())
@@ -68,8 +77,10 @@ def _build() -> float | None:
     start = time.perf_counter()
     try:
         from torch.utils import cpp_extension
+        cflags, ldflags = _flags()
         cpp_extension.load(name=f"hawk_layout_{_source_tag()}", sources=[str(SOURCE)],
-                           extra_cflags=["-O3"], is_python_module=False, verbose=False)
+                           extra_cflags=cflags, extra_ldflags=ldflags, is_python_module=False,
+                           verbose=False)
         torch.ops.hawk_layout.pack_layer                                 # registered
     except Exception as e:                                               # noqa: BLE001
         log.debug("fused layout kernel unavailable, using eager torch: %s", e)

@@ -16,7 +16,9 @@ torch's intra-op threads (``torch.set_num_threads``; each page fills its own sen
 bytes never depend on the split). It is compiled with ``torch.utils.cpp_extension.load`` the
 first time a CPU transformation asks for it (a few seconds; cached in torch's extension
 directory, ``~/.cache/torch_extensions`` unless ``TORCH_EXTENSIONS_DIR`` says otherwise,
-under a name that changes with the sources) and registered as ``torch.ops.hawk_layout``.
+under a name that changes with the sources) and registered as ``torch.ops.hawk_layout``. With
+more than one thread, calls take a second build with -fopenmp (``torch.ops.hawk_layout_omp``,
+built on the first such call), the one whose ``at::parallel_for`` actually splits the pages.
 
 When it cannot be built (no compiler, no ninja, a build error) ``available()`` is False, the
 reason is logged at debug level and ``hardware.transform`` runs its eager torch path.
@@ -53,18 +55,26 @@ def enabled() -> bool:
     return os.environ.get(ENV_VAR, "1").strip() != "0"
 
 
-def _flags() -> tuple[list[str], list[str]]:
-    """Compiler and linker flags. ``at::parallel_for`` is a header template: where ATen runs
-    its threads on OpenMP, its ``#pragma omp parallel`` splits the pages only in code built
-    with -fopenmp; without it the kernel ran on one thread whatever torch's thread count."""
-    openmp = "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
-    return ["-O3", *(["-fopenmp"] if openmp else [])], (["-fopenmp"] if openmp else [])
+def _openmp() -> bool:
+    """Whether ATen runs its intra-op threads on OpenMP here (and gcc's -fopenmp builds)."""
+    return "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
 
 
-def _source_tag() -> str:
+def _flags(parallel: bool) -> tuple[list[str], list[str]]:
+    """Compiler and linker flags of the serial or the parallel build. ``at::parallel_for`` is
+    a header template: where ATen threads on OpenMP, its ``#pragma omp parallel`` splits the
+    pages only in code built with -fopenmp (without it the kernel ran on one thread at any
+    thread count). -fopenmp also made one thread 10-20% slower, so one-thread calls take the
+    serial build."""
+    if not parallel:
+        return ["-O3"], []
+    return ["-O3", "-fopenmp", "-DHAWK_LIB=hawk_layout_omp"], ["-fopenmp"]
+
+
+def _source_tag(parallel: bool = False) -> str:
     """A short hash of the kernel's sources and flags, for the build's name: an edited kernel
     is built afresh rather than loaded from a cache of the old one."""
-    digest = hashlib.sha1(repr(_flags()).encode())
+    digest = hashlib.sha1(repr(_flags(parallel)).encode())
     for path in sorted(CSRC.iterdir()):
         if path.suffix in (".cpp", ".h"):
             digest.update(path.name.encode() + path.read_bytes())
@@ -72,20 +82,31 @@ def _source_tag() -> str:
 
 
 @functools.cache
-def _build() -> float | None:
-    """Compile and load the kernel once per process: the build's seconds, or None on failure."""
+def _build(parallel: bool = False) -> float | None:
+    """Compile and load the serial (``torch.ops.hawk_layout``) or parallel
+    (``torch.ops.hawk_layout_omp``) kernel once per process: the build's seconds, or None."""
     start = time.perf_counter()
     try:
         from torch.utils import cpp_extension
-        cflags, ldflags = _flags()
-        cpp_extension.load(name=f"hawk_layout_{_source_tag()}", sources=[str(SOURCE)],
-                           extra_cflags=cflags, extra_ldflags=ldflags, is_python_module=False,
-                           verbose=False)
-        torch.ops.hawk_layout.pack_layer                                 # registered
+        cflags, ldflags = _flags(parallel)
+        suffix = "_omp" if parallel else ""
+        cpp_extension.load(name=f"hawk_layout{suffix}_{_source_tag(parallel)}",
+                           sources=[str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags,
+                           is_python_module=False, verbose=False)
+        getattr(torch.ops, f"hawk_layout{suffix}").pack_layer           # registered
     except Exception as e:                                               # noqa: BLE001
-        log.debug("fused layout kernel unavailable, using eager torch: %s", e)
+        log.debug("fused layout kernel (%s) unavailable: %s",
+                  "parallel" if parallel else "serial", e)
         return None
     return time.perf_counter() - start
+
+
+def _ops():
+    """The kernel to call: the parallel build when torch runs more than one intra-op thread
+    and it builds, else the serial one."""
+    if torch.get_num_threads() > 1 and _openmp() and _build(True) is not None:
+        return torch.ops.hawk_layout_omp
+    return torch.ops.hawk_layout
 
 
 def available() -> bool:
@@ -172,4 +193,4 @@ def pack_layer(layer: torch.Tensor, sources: torch.Tensor, send_rows: torch.Tens
     has); ``portable=True`` is ``path="portable"``. Every path gives the same bytes."""
     name = "portable" if portable else path or forced_path()
     code = PATHS[check_path(name)] if name is not None else 0
-    torch.ops.hawk_layout.pack_layer(layer, sources, send_rows, rows, MAG_BITS[tt_dtype], code)
+    _ops().pack_layer(layer, sources, send_rows, rows, MAG_BITS[tt_dtype], code)

@@ -183,13 +183,22 @@ bool supports(int64_t path) { return path >= AUTO && path <= AVX512 && cpu_has(p
 }  // namespace
 }  // namespace hawk
 
-TORCH_LIBRARY(hawk_layout, m) {
+// Built twice (hardware/layout_kernel.py): serial as torch.ops.hawk_layout, and with -fopenmp
+// as torch.ops.hawk_layout_omp (HAWK_LIB), whose at::parallel_for splits the pages over
+// threads (its OpenMP pragma is in a header, so only code built with -fopenmp runs it).
+#ifndef HAWK_LIB
+#define HAWK_LIB hawk_layout
+#endif
+#define HAWK_TORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define HAWK_TORCH_LIBRARY_IMPL(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
+
+HAWK_TORCH_LIBRARY(HAWK_LIB, m) {
   m.def("pack_layer(Tensor layer, Tensor sources, Tensor send_rows, Tensor(a!) out, "
         "int mag_bits, int path=0) -> ()");
   m.def("supports", &hawk::supports);          // whether this CPU runs a path
   m.def("best_path", &hawk::best_path);        // the one AUTO takes
 }
 
-TORCH_LIBRARY_IMPL(hawk_layout, CPU, m) {
+HAWK_TORCH_LIBRARY_IMPL(HAWK_LIB, CPU, m) {
   m.impl("pack_layer", &hawk::pack_layer);
 }

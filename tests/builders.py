@@ -76,3 +76,25 @@ def run_stub_server(*flags: str, ttft_s: float = 0.02, tpot_s: float = 0.005):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def assert_sketched_percentiles(summary: dict, records) -> dict[str, float]:
+    """Every percentile a streamed summary says it sketched (``summary["percentiles"]``) lies
+    within the sketch's relative accuracy of the exact rank-floor value over ``records``'
+    successful requests. Returns those exact values by key."""
+    from traces import metrics
+
+    note = summary["percentiles"]
+    alpha = note["relative_accuracy"]
+    ok = metrics.ok_mask(records)
+    values = {"ttft": metrics.ttft(records), "tpot": metrics.tpot(records),
+              "e2e": metrics.e2e(records)}
+    for stage, start, end in metrics.TTFT_STAGES:
+        values[f"ttft_{stage}"] = (records[end] - records[start]).to_numpy(dtype=float)
+    exact = {}
+    for key in note["approximate"]:
+        name, q = key[:-2].rsplit("_p", 1)
+        v = values[name][ok]
+        lower = exact[key] = np.percentile(v[~np.isnan(v)], int(q), method="lower")
+        assert abs(summary[key] - lower) <= alpha * abs(lower) + 1e-12, key
+    return exact

@@ -4,7 +4,6 @@ exact and percentiles within the sketches' bound."""
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -14,8 +13,8 @@ from sim.cells_stream import simulate_cells_streamed
 from sim.cli import main
 from sim.config import RunConfig
 from sim.stream import Stream
+from tests.builders import assert_sketched_percentiles
 from tests.test_cells import _lopsided_trace
-from traces import metrics
 from traces.jsonout import dumps
 from traces.loaders import load_trace
 from traces.schema import read_records
@@ -62,18 +61,7 @@ def test_merged_aggregates_count_exactly_and_bound_the_percentiles(tmp_path):
     for key in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s", "output_tokens_per_s",
                 "decode_occupancy", "energy_j", "ttft_queue_mean_s"):
         assert s[key] == pytest.approx(e[key], rel=1e-9), key
-    note = s["percentiles"]
-    alpha = note["relative_accuracy"]
-    ok = metrics.ok_mask(records)
-    values = {"ttft": metrics.ttft(records), "tpot": metrics.tpot(records),
-              "e2e": metrics.e2e(records)}
-    for stage, start, end in metrics.TTFT_STAGES:
-        values[f"ttft_{stage}"] = (records[end] - records[start]).to_numpy(dtype=float)
-    for key in note["approximate"]:
-        name, q = key[:-2].rsplit("_p", 1)
-        v = values[name][ok]
-        lower = np.percentile(v[~np.isnan(v)], int(q), method="lower")
-        assert abs(s[key] - lower) <= alpha * abs(lower) + 1e-12, key
+    for key, lower in assert_sketched_percentiles(s, records).items():
         assert s[key] != e[key] or lower == e[key]        # sketched, not the exact value
     assert "percentiles" not in e
 

@@ -13,14 +13,13 @@ from sim.cluster import simulate
 from sim.config import ConfigError
 from sim.run_size import run_bytes
 from sim.stream import STREAM_MIN_REQUESTS, Stream, StreamLedger, use_streaming
-from traces import metrics
 from traces.aggregate import RecordsAggregate
 from traces.chunks import trace_source, workload_source
 from traces.record_stream import INCOMPLETE, RecordWriter
 from traces.schema import read_records, write_records
 from traces.synthetic import bursty_customers
 from traces.workloads import make_workload
-from tests.builders import make_config
+from tests.builders import assert_sketched_percentiles, make_config
 
 SMALL = dict(rows_per_group=300, chunk_size=128)
 
@@ -114,20 +113,8 @@ def test_streamed_summary_counts_exact_and_percentiles_within_the_bound(tmp_path
                 "requests_per_s", "decode_occupancy", "energy_j", "usd_per_request",
                 "ttft_queue_mean_s", "ttft_transfer_mean_s"):
         assert s[key] == pytest.approx(e[key], rel=1e-12), key
-    note = s["percentiles"]
-    alpha = note["relative_accuracy"]
-    records = exact.records
-    ok = metrics.ok_mask(records)
-    values = {"ttft": metrics.ttft(records), "tpot": metrics.tpot(records),
-              "e2e": metrics.e2e(records)}
-    for stage, start, end in metrics.TTFT_STAGES:
-        values[f"ttft_{stage}"] = (records[end] - records[start]).to_numpy(dtype=float)
-    for key in note["approximate"]:
-        name, q = key[:-2].rsplit("_p", 1)
-        v = values[name][ok]
-        lower = np.percentile(v[~np.isnan(v)], int(q), method="lower")
-        assert abs(s[key] - lower) <= alpha * abs(lower) + 1e-12, key
-    assert "ttft_p90_s" in note["approximate"] and "percentiles" not in e
+    sketched = assert_sketched_percentiles(s, exact.records)
+    assert "ttft_p90_s" in sketched and "percentiles" not in e
 
 
 def test_aggregates_of_parts_merge_into_the_aggregate_of_the_whole():

@@ -31,7 +31,7 @@ iteration is its own timer: the oracle the fast path is tested against.
 
 from __future__ import annotations
 
-import heapq
+from bisect import bisect_left, insort
 from collections import deque
 
 import numpy as np
@@ -64,7 +64,7 @@ class DecodeInstance(DecodeFaults):
         self.host = HostQueue()           # this node's host CPU and PCIe root (sim.link)
         self.pending: deque = deque()     # (request, prefill instance) awaiting memory
         self.waiting: deque[int] = deque()  # KV in the pool, waiting for a batch slot
-        self.running: list = []           # heap of (finish_iteration, request)
+        self.running: list = []           # (finish_iteration, request), sorted
         self.num_assigned = 0             # requests offered and not yet ended
         self.iteration = 0                # iterations completed since the start of the run
         self._context_base = 0            # total context = base + len(running) * iteration
@@ -355,14 +355,10 @@ class DecodeInstance(DecodeFaults):
 
     def _preempt(self, i: int, base: int, it: int) -> None:
         """Preempt running ``i`` at iteration ``it``: free its blocks and queue it first."""
-        # Its entry is (finish iteration, i), the finish iteration prompt + output - base; no
-        # two entries are alike, so any heap of them pops in the same order.
+        # Its entry is (finish iteration, i), the finish iteration prompt + output - base
+        # (a sorted list, not a heap: found by bisection, removed without re-heapifying).
         running, ledger = self.running, self.ledger
-        k = running.index((ledger.prompt[i] + ledger.output[i] - base, i))
-        last = running.pop()
-        if k < len(running):
-            running[k] = last
-            heapq.heapify(running)
+        del running[bisect_left(running, (ledger.prompt[i] + ledger.output[i] - base, i))]
         self._context_base -= base
         self.memory.release(i)
         context = self._resume[i] = base + it
@@ -436,7 +432,6 @@ class DecodeInstance(DecodeFaults):
             else:
                 others.append(i)
         self._joined.clear()
-        heapq.heapify(running)
         self._restoring[:0] = restores
         self.waiting.extendleft(reversed(others))
 
@@ -466,7 +461,7 @@ class DecodeInstance(DecodeFaults):
         if running and running[0][0] == it:
             prompt, joined = ledger.prompt, ledger.join_iteration
             while running and running[0][0] == it:
-                _, i = heapq.heappop(running)
+                _, i = running.pop(0)
                 self._context_base -= (self._kv.leave(i) if self._kv is not None
                                        else prompt[i] + 1 - joined[i])
                 self._finish(i, now)
@@ -512,7 +507,7 @@ class DecodeInstance(DecodeFaults):
                 restored = bool(self._resume) and i in self._resume
                 context = self._resume.pop(i) if restored else prompt + 1
                 self._context_base += context - it
-                heapq.heappush(running, (it + ledger.output[i] - context + prompt, i))
+                insort(running, (it + ledger.output[i] - context + prompt, i))
                 if kv is not None:
                     kv.join(i, context - it, it)
                     self._joined.append((i, restored))

@@ -33,8 +33,7 @@ every block, so all chips fill alike. A slot is one block's share of one bank.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from itertools import accumulate
+from bisect import bisect_left, bisect_right, insort
 
 import numpy as np
 
@@ -253,8 +252,8 @@ class GrowingKV:
     block size), of which the pool reserved ``pool.held[i]`` at its pull; the rest is its
     growth, taken from the pool's free blocks without a call per block. Writing
     ``base = B q + rho`` and ``t = B T + tau``, the sum over requests is
-    ``sum(q) + n T + #(rho + tau >= 1) + #(rho + tau > B)``: counts of the residues ``rho``
-    answer it in O(B) at C speed, for any step from the newest join on. An upper bound,
+    ``sum(q) + n T + #(rho + tau >= 1) + #(rho + tau > B)``: the residues ``rho``, kept
+    sorted, answer it by bisection, for any step from the newest join on. An upper bound,
     ``(sum(base) + n (t + B - 1)) // B``, settles most questions in O(1). ``base`` keeps
     admission order (the most recent is the one preempted).
     """
@@ -264,7 +263,7 @@ class GrowingKV:
         self.base: dict = {}          # request -> base (tokens at step t: base + t)
         self.sum_base = 0
         self.sum_q = 0                # sum of base // B
-        self.residues = [0] * pool.block_size   # requests per base % B
+        self.residues: list[int] = []   # base % B of each request, sorted (a multiset)
         self.reserved = 0             # blocks the running requests reserved at their pull
         self.newest = 0               # the step of the latest join
         self._step: int | None = None # growth(_step) == _growth, kept through joins and leaves
@@ -275,7 +274,7 @@ class GrowingKV:
         self.sum_base += base
         q, rho = divmod(base, self.block_size)
         self.sum_q += q
-        self.residues[rho] += 1
+        insort(self.residues, rho)
         self.reserved += self.pool.held[request]
         self.newest = t
         if self._step != t:           # in its join step a request holds its reservation
@@ -286,7 +285,8 @@ class GrowingKV:
         self.sum_base -= base
         q, rho = divmod(base, self.block_size)
         self.sum_q -= q
-        self.residues[rho] -= 1
+        residues = self.residues
+        del residues[bisect_left(residues, rho)]
         held = self.pool.held[request]
         self.reserved -= held
         if self._step is not None:    # less its growth in that step
@@ -307,9 +307,10 @@ class GrowingKV:
             held = self.pool.held
             g = sum(max(0, -(-(x + t) // b) - held[i]) for i, x in self.base.items())
         else:
-            n, (T, tau) = len(self.base), divmod(t, b)
-            at_least_one = n - (self.residues[0] if tau == 0 else 0)
-            g = (self.sum_q + n * T + at_least_one + sum(self.residues[b - tau + 1:])
+            residues, (T, tau) = self.residues, divmod(t, b)
+            n = len(residues)
+            at_least_one = n - bisect_right(residues, 0) if tau == 0 else n
+            g = (self.sum_q + n * T + at_least_one + n - bisect_right(residues, b - tau)
                  - self.reserved)
         self._step, self._growth = t, g
         return g
@@ -317,7 +318,7 @@ class GrowingKV:
     def steps_fitting(self, t: int, max_steps: int) -> int:
         """Steps t, t+1, ... (at most ``max_steps``) whose blocks fit: request ``i`` takes a
         block at step ``t + r_i + 1``, ``r_i = -(base_i + t) mod B``, then every ``B`` steps
-        (``policies.admission.steps_until_full``, by residue counts instead of a sort)."""
+        (``policies.admission.steps_until_full``, on residues kept sorted as requests join)."""
         if not self.base or self.growth_upper(t + max_steps - 1) <= self.pool.free_blocks:
             return max_steps
         return self.steps_short(t, max_steps)
@@ -328,11 +329,18 @@ class GrowingKV:
         if spare < 0:
             return 0
         b, residues = self.block_size, self.residues
-        rounds, rest = divmod(spare, len(self.base))
-        s = -t % b                         # requests with slack r have residue (-r - t) % b
-        taken = list(accumulate(residues[s::-1] + residues[:s:-1]))   # by slack r, smallest first
-        r = bisect_right(taken, rest)      # the first slack whose requests overrun the spare
-        assert r < b, "residue counts do not add up to the batch"
+        n = len(residues)
+        rounds, rest = divmod(spare, n)
+        # A request with residue rho has slack r = (s - rho) % b: those with rho <= s first
+        # (r = s - rho), then the others (r = s - rho + b), each by rho descending. The
+        # first block that does not fit is taken by the request of the (rest+1)-th smallest
+        # slack (bisection instead of counting requests per slack: O(log n), not O(b)).
+        s = -t % b
+        below = bisect_right(residues, s)
+        if rest < below:
+            r = s - residues[below - 1 - rest]
+        else:
+            r = s - residues[n - 1 - (rest - below)] + b
         return min(max_steps, rounds * b + r + 1)
 
     def make_room(self, t: int) -> list:

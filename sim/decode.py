@@ -83,6 +83,7 @@ class DecodeInstance(DecodeFaults):
         self.admission = ADMISSION[admission]
         self.max_tokens = max_tokens          # longest context one request may reach here
         self.restore_time = restore_time      # (tokens, "recompute"|"swap") -> seconds
+        self._recompute_seconds: dict = {}    # tokens -> restore_time(tokens, "recompute")
         on_demand = self.admission.on_demand and not self._stages
         if not on_demand:
             self.admission = ADMISSION["oracle-reserve"] if self._stages else self.admission
@@ -154,13 +155,16 @@ class DecodeInstance(DecodeFaults):
             if kv is None:
                 extra = output[i] if oracle else self._reservation(i)
             else:                     # on-demand: the blocks of the context it lands with
-                if source is not None and (self._rejoin or self._due is not None):
-                    self._plan_due(now)
-                if source is None and now < self._preempted_at[i]:
-                    break             # preempted at a boundary planned ahead: not yet reached
+                if source is None:    # preempted: it resumes with the context it had
+                    if now < self._preempted_at[i]:
+                        break         # preempted at a boundary planned ahead: not yet reached
+                    context = self._resume[i]
+                else:
+                    if self._rejoin or self._due is not None:
+                        self._plan_due(now)
+                    context = prompt[i] + 1
                 if self.num_assigned - len(pending) >= self.max_batch_size:
                     break             # no batch slot for it yet (vLLM's max_num_seqs)
-                context = self._resume.get(i, prompt[i] + 1) if self._resume else prompt[i] + 1
                 need = -(-context // kv.block_size)
                 if need <= self._slack:
                     self._slack -= need                # the live run keeps its blocks
@@ -180,7 +184,7 @@ class DecodeInstance(DecodeFaults):
                 self.num_assigned -= 1
                 continue
             if source is None:                        # preempted: its KV comes back here
-                self._restore(i)
+                self._restore(i, context, now)
                 continue
             if self._slack < 0:
                 self._after_reserving(now)
@@ -295,16 +299,20 @@ class DecodeInstance(DecodeFaults):
         elif self._slack < 0:
             self._slack = 0                    # the live run fits, with no room to spare
 
-    def _restore(self, i: int) -> None:
-        """Preempted ``i`` has its blocks again: its KV is recomputed (a prefill-like pass of
-        the tokens it had) or swapped back in, stalling the batch at the next boundary."""
+    def _restore(self, i: int, context: int, now: float) -> None:
+        """Preempted ``i`` has its blocks again (for its ``context`` tokens): its KV is
+        recomputed (a prefill-like pass of the tokens it had) or swapped back in, stalling
+        the batch at the next boundary."""
         self._slack = -1                       # restores take effect at the next boundary
-        context = self._resume[i]
         del self._preempted_at[i]
         kind = self.admission.preemption
         tokens = context - 1 if kind == "recompute" else context
-        self._restoring.append((i, self.restore_time(tokens, kind) if tokens > 0 else 0.0))
-        now = self.env.now
+        seconds = self._recompute_seconds.get(tokens) if kind == "recompute" else None
+        if seconds is None:
+            seconds = self.restore_time(tokens, kind) if tokens > 0 else 0.0
+            if kind == "recompute":    # memoised: most restores recompute a context seen before
+                self._recompute_seconds[tokens] = seconds
+        self._restoring.append((i, seconds))
         if self._plan is not None and now == self._boundary_at:
             self._rejoin = True        # this boundary: redo it once the pull's restores are in
         else:
@@ -497,15 +505,14 @@ class DecodeInstance(DecodeFaults):
                 self._plan is None or self._slack < self._plan[1]) and
                 kv.growth_upper(it) > self.memory.free_blocks):
             at = self._make_room(at, it)
-        preempted = self._preempted_step == it
-        if waiting and not preempted:
-            ledger = self.ledger
+        if waiting and self._preempted_step != it:     # no joins in a step that preempted
+            ledger, resume = self.ledger, self._resume
             for _ in range(fcfs_decode_admit(len(waiting), len(running), self.max_batch_size)):
                 i = waiting.popleft()
                 ledger.join_iteration[i] = it
                 prompt = ledger.prompt[i]
-                restored = bool(self._resume) and i in self._resume
-                context = self._resume.pop(i) if restored else prompt + 1
+                restored = bool(resume) and i in resume
+                context = resume.pop(i) if restored else prompt + 1
                 self._context_base += context - it
                 insort(running, (it + ledger.output[i] - context + prompt, i))
                 if kv is not None:
@@ -517,17 +524,16 @@ class DecodeInstance(DecodeFaults):
         """Plan the run from the boundary reached (starting at ``at``): up to the next finish
         (fast-forward) or one iteration (the oracle); on-demand, also up to the first step
         short of blocks, where running requests are preempted."""
-        running, waiting, it, kv = self.running, self.waiting, self.iteration, self._kv
+        running, it, kv = self.running, self.iteration, self._kv
         if running:
-            preempted = self._preempted_step == it
             batch, factor = len(running), self._factor
             steps = running[0][0] - it if self.fast_forward else 1
             if kv is not None:
-                if preempted and waiting:
+                if self.waiting and self._preempted_step == it:
                     steps = 1                      # they join at the next boundary
                 B = kv.block_size                  # spare blocks over the run's last step
                 slack = self.memory.free_blocks + kv.reserved - (
-                    self._context_base + batch * (it + steps - 1 + B - 1)) // B
+                    self._context_base + batch * (it + steps + B - 2)) // B
                 if slack < 0:
                     steps, slack = kv.steps_short(it, steps), 0
                 self._slack = slack

@@ -56,33 +56,35 @@ class MovableTimer:
         would be): move the pending firing there, or schedule one. A firing pending at ``at``
         already keeps its place."""
         old = self._entry
-        if old is not None and at == self._at:
-            return                              # pending there already
         env = self.env
         now = env._now
-        self._at = at
-        at = now + (at - now) if at > now else now
-        if old is not None:                     # pending: move it
-            entry = self._entry = (at, NORMAL, next(env._eid), old[3])
-            queue = env._queue
-            if queue[0] is old:                 # the next event (often): O(1) or O(log n)
-                if at < old[0]:
-                    queue[0] = entry
-                else:
-                    heapreplace(queue, entry)
+        if old is None:                         # none pending (often: set from its firing)
+            self._at = at
+            event = self._spare
+            if event is None:
+                event = Event(env)
+                event._ok, event._value = True, None
             else:
-                queue[queue.index(old)] = entry
-                heapify(queue)
+                self._spare = None
+            event.callbacks = self._callbacks
+            self._entry = entry = (now + (at - now) if at > now else now, NORMAL,
+                                   next(env._eid), event)
+            heappush(env._queue, entry)
             return
-        event = self._spare
-        if event is None:
-            event = Event(env)
-            event._ok, event._value = True, None
+        if at == self._at:
+            return                              # pending there already
+        self._at = at                           # pending: move it
+        at = now + (at - now) if at > now else now
+        entry = self._entry = (at, NORMAL, next(env._eid), old[3])
+        queue = env._queue
+        if queue[0] is old:                     # the next event (often): O(1) or O(log n)
+            if at < old[0]:
+                queue[0] = entry
+            else:
+                heapreplace(queue, entry)
         else:
-            self._spare = None
-        event.callbacks = self._callbacks
-        self._entry = entry = (at, NORMAL, next(env._eid), event)
-        heappush(env._queue, entry)
+            queue[queue.index(old)] = entry
+            heapify(queue)
 
     def cancel(self) -> None:
         """The pending firing, if any, does nothing (it stays in the queue: the run's last

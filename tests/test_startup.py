@@ -9,7 +9,7 @@ from sim import bench
 # it starts (pandas comes later, for the records).
 HEAVY = ("pandas", "matplotlib", "scipy", "pyarrow", "torch", "ray")
 NOT_BEFORE_FIRST_EVENT = ("hardware.mechanisms", "hardware.transfer_bench", "sim.calibrate",
-                          "sim.calibrate_fit", "traces.loaders") + HEAVY
+                          "sim.calibrate_fit", "traces.loaders", "traces.formats") + HEAVY
 
 
 def modules_at_first_event() -> set[str]:

@@ -1,19 +1,8 @@
 """Trace loaders: the request logs users bring, read into a ``Trace`` and a ``LoadReport``.
 
-Formats (``FORMATS``), detected from the header / first record or chosen with ``format=``:
-
-=========  ===============================================  ============  ======================
-format     arrival, prompt, output columns                   arrival unit  notes
-=========  ===============================================  ============  ======================
-azure      TIMESTAMP, ContextTokens, GeneratedTokens         date-time     Azure LLM 2023 / 2024
-burstgpt   Timestamp, Request tokens, Response tokens        seconds       Model, Log Type filter
-mooncake   timestamp, input_length, output_length (JSONL)    milliseconds  hash_ids checked
-splitwise  arrival_timestamp, prompt_size, token_size        seconds       Splitwise simulator
-           (or Vidur's arrived_at, num_prefill_tokens, num_decode_tokens)
-csv        ``mapping`` (default arrival_at, num_prompt_tokens, num_output_tokens; any unit)
-jsonl      as csv, one JSON object per line
-parquet    as csv
-=========  ===============================================  ============  ======================
+Formats (``FORMATS``: azure, burstgpt, mooncake, splitwise, csv, jsonl, parquet; their columns
+and units in ``traces.formats``) are detected from the header / first record or chosen with
+``format=``.
 
 The contract every format keeps:
 
@@ -46,8 +35,6 @@ The contract every format keeps:
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,14 +42,14 @@ from typing import Any
 import numpy as np
 
 from traces.bundled import resolve_trace
-from traces.readers import RawRows, TraceFormatError, first_line, open_rows
+from traces.formats import (FORMATS, TIME_UNITS, ColumnMapping, _container, _spec,
+                            detect_format)
+from traces.readers import RawRows, TraceFormatError, open_rows
 from traces.trace import Trace
 
 __all__ = ["FORMATS", "ColumnMapping", "LoadReport", "TraceFormatError", "detect_format",
            "load_trace"]
 
-FORMATS = ("azure", "burstgpt", "mooncake", "splitwise", "csv", "jsonl", "parquet")
-TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "datetime": None}
 #: most tokens one prompt or output may have (about 8x the longest context window served)
 MAX_TOKENS = 10_000_000
 #: largest request id: ids are read as float64, which holds integers exactly up to 2**53
@@ -73,46 +60,6 @@ ARRIVAL_RESOLUTION_S = 1e-6
 
 #: columns read as the requests' tenant (names compared ignoring case, spaces, underscores)
 TENANT_COLUMNS = ("tenant", "tenantid", "customer", "customerid", "applicationid", "app")
-
-
-@dataclass(frozen=True)
-class ColumnMapping:
-    """Which source columns hold a request's arrival, lengths and (optionally) id."""
-
-    arrival_at: str = "arrival_at"
-    num_prompt_tokens: str = "num_prompt_tokens"
-    num_output_tokens: str = "num_output_tokens"
-    request_id: str | None = None
-    time_unit: str = "s"
-
-    def __post_init__(self) -> None:
-        if self.time_unit not in TIME_UNITS:
-            raise ValueError(f"time_unit {self.time_unit!r} is not one of {list(TIME_UNITS)}")
-
-    @classmethod
-    def of(cls, value: "ColumnMapping | dict | None") -> "ColumnMapping":
-        if value is None or isinstance(value, ColumnMapping):
-            return value or cls()
-        allowed = {f for f in cls.__dataclass_fields__}
-        unknown = set(value) - allowed
-        if unknown:
-            raise ValueError(f"mapping keys {sorted(unknown)} are not among {sorted(allowed)}")
-        return cls(**value)
-
-    def fields(self) -> list[tuple[str, str]]:
-        """(canonical name, source column) pairs, in validation order."""
-        pairs = [("arrival_at", self.arrival_at), ("num_prompt_tokens", self.num_prompt_tokens),
-                 ("num_output_tokens", self.num_output_tokens)]
-        return pairs + ([("request_id", self.request_id)] if self.request_id else [])
-
-
-_SPLITWISE = ColumnMapping("arrival_timestamp", "prompt_size", "token_size")
-_VIDUR = ColumnMapping("arrived_at", "num_prefill_tokens", "num_decode_tokens")
-_SPECS = {
-    "azure": ColumnMapping("TIMESTAMP", "ContextTokens", "GeneratedTokens", time_unit="datetime"),
-    "burstgpt": ColumnMapping("Timestamp", "Request tokens", "Response tokens"),
-    "mooncake": ColumnMapping("timestamp", "input_length", "output_length", time_unit="ms"),
-}
 
 
 @dataclass(frozen=True)
@@ -243,54 +190,6 @@ def _raise_first(problems: list, skip_bad: bool, path: Path, unit: str) -> None:
     if problems and not skip_bad:
         line, name, why, detail = min(problems, key=lambda p: p[0])
         raise TraceFormatError(path, f"{unit} {line}", name, f"{why}: {detail}")
-
-
-def detect_format(path) -> str:
-    """The format of ``path`` from its suffix and header (or first JSON record)."""
-    path = Path(path)
-    if path.suffix.lower() == ".parquet":
-        import pyarrow.parquet as pq
-
-        return _by_columns(pq.read_schema(path).names) or "parquet"
-    first = first_line(path)
-    if path.suffix.lower() in (".jsonl", ".json", ".ndjson") or first.lstrip().startswith("{"):
-        try:
-            keys = list(json.loads(first))
-        except (ValueError, TypeError, RecursionError):
-            raise TraceFormatError(path, "line 1", "json", "first record is not a JSON object")
-        return "mooncake" if _has(keys, _SPECS["mooncake"]) else "jsonl"
-    header = next(csv.reader([first]), [])
-    return _by_columns(header) or "csv"
-
-
-def _by_columns(columns) -> str | None:
-    for name in ("azure", "burstgpt", "mooncake"):
-        if _has(columns, _SPECS[name]):
-            return name
-    if _has(columns, _SPLITWISE) or _has(columns, _VIDUR):
-        return "splitwise"
-    return None
-
-
-def _has(columns, spec: ColumnMapping) -> bool:
-    return all(col in columns for _, col in spec.fields())
-
-
-def _container(fmt: str) -> str:
-    return {"mooncake": "jsonl", "jsonl": "jsonl", "parquet": "parquet"}.get(fmt, "csv")
-
-
-def _spec(fmt: str, raw: RawRows, mapping: ColumnMapping, path: Path) -> ColumnMapping:
-    if fmt == "splitwise":
-        spec = _VIDUR if _has(raw.columns, _VIDUR) else _SPLITWISE
-    else:
-        spec = _SPECS.get(fmt, mapping)
-    missing = [col for _, col in spec.fields() if col not in raw.columns]
-    if missing:
-        hint = " (give mapping= to name the columns)" if fmt in ("csv", "jsonl", "parquet") else ""
-        raise TraceFormatError(path, f"{raw.unit} 1", missing[0],
-                               f"column missing; found {sorted(raw.columns)}{hint}")
-    return spec
 
 
 def _apply_filters(raw: RawRows, filters: dict[str, Any], path: Path) -> tuple[RawRows, int]:

@@ -162,6 +162,11 @@ class RooflinePredictor(Predictor):
                                              or efficiency.decode_memory_efficiency)
         self._link = (efficiency.allreduce_bus_gb_s or device.tp_link_gb_s) * 1e9
         self._lines: dict[int, tuple[float, float, float, float, float]] = {}
+        # batch -> (const, m0, m1, m1 * batch, a, 2a, 4a with a = m1 * batch / 2) when the
+        # memory line wins every step at any context >= 0 (m0 >= c0 and m1 >= c1: rounding is
+        # monotonic, so the same holds for the computed floats), else None: the decode sums
+        # take it with one lookup and no comparison of the lines (the same floats).
+        self._memory_bound: dict[int, tuple | None] = {}
         self._single: dict[int, float] = {}           # prefill time of one prompt, by length
 
     def allreduce_time(self, tokens: int) -> float:
@@ -198,7 +203,20 @@ class RooflinePredictor(Predictor):
         lines = self._lines.get(batch)
         if lines is None:
             lines = self._lines[batch] = self._compute_lines(batch)
+            # memory-bound at context 0 with the steeper line: at every context >= 0
+            self._memory_bound[batch] = (self._memory_line_from(batch, 0)
+                                         if lines[4] >= lines[2] else None)
         return lines
+
+    def _memory_line_from(self, batch: int, context: int) -> tuple | None:
+        """``_memory_bound``'s tuple when the memory line wins every step from ``context``
+        on (pm >= pc and qm >= qc), else None."""
+        const, c0, c1, m0, m1 = self._decode_lines(batch)
+        pc, qc, pm, qm = c0 + c1 * context, c1 * batch, m0 + m1 * context, m1 * batch
+        if pm >= pc and qm >= qc:
+            a = qm / 2.0
+            return const, m0, m1, qm, a, 2.0 * a, 4.0 * a
+        return None
 
     def _compute_lines(self, batch: int) -> tuple[float, float, float, float, float]:
         c0 = (self._body_flops_per_token + self._lm_head_flops) * batch / self._decode_flops_rate
@@ -217,7 +235,11 @@ class RooflinePredictor(Predictor):
         return const + max(c0 + c1 * context, m0 + m1 * context)
 
     def decode_time(self, batch: int, context: int, steps: int) -> float:
-        const, c0, c1, m0, m1 = self._lines.get(batch) or self._decode_lines(batch)
+        memory = self._memory_bound.get(batch)
+        if memory is not None and context >= 0:      # the usual case: the branch below, short
+            const, m0, m1, qm = memory[:4]
+            return steps * const + (steps * (m0 + m1 * context) + qm * steps * (steps - 1) / 2.0)
+        const, c0, c1, m0, m1 = self._decode_lines(batch)
         p2, q2, last = m0 + m1 * context, m1 * batch, steps - 1
         p1, q1 = c0 + c1 * context, c1 * batch
         if p2 >= p1 and (q2 >= q1 or p2 + q2 * last >= p1 + q1 * last):   # memory-bound
@@ -253,11 +275,14 @@ class RooflinePredictor(Predictor):
                              elapsed: float) -> tuple[int, float]:
         if elapsed <= 0:
             return 1, self.decode_time(batch, context, 1)
-        const, c0, c1, m0, m1 = self._lines.get(batch) or self._decode_lines(batch)
-        pc, qc, pm, qm = c0 + c1 * context, c1 * batch, m0 + m1 * context, m1 * batch
-        if pm >= pc and qm >= qc:              # memory-bound at every step (the usual case)
-            a, b = qm / 2.0, const + pm - qm / 2.0     # S(j) = a j^2 + b j
-            root = (-b + sqrt(b * b + 4.0 * a * elapsed)) / (2.0 * a) if a > 0 else elapsed / b
+        memory = self._memory_bound.get(batch)
+        if memory is None or context < 0:
+            memory = self._memory_line_from(batch, context)
+        if memory is not None:                 # memory-bound at every step (the usual case)
+            const, m0, m1, qm, a, a2, a4 = memory
+            pm = m0 + m1 * context
+            b = const + pm - a                          # S(j) = a j^2 + b j
+            root = (-b + sqrt(b * b + a4 * elapsed)) / a2 if a > 0 else elapsed / b
             j = ceil(root)
             j = 1 if j < 1 else steps if j > steps else j
             last = j - 1
@@ -267,6 +292,8 @@ class RooflinePredictor(Predictor):
             if t >= elapsed and (j == 1 or prev < elapsed):
                 return j, t
         else:
+            const, c0, c1, m0, m1 = self._decode_lines(batch)
+            pc, qc, pm, qm = c0 + c1 * context, c1 * batch, m0 + m1 * context, m1 * batch
             p, q = (pc, qc) if (pc, qc) > (pm, qm) else (pm, qm)
             a, b = q / 2.0, const + p - q / 2.0        # S(j) on the line winning at first
             root = (-b + sqrt(b * b + 4.0 * a * elapsed)) / (2.0 * a) if a > 0 else elapsed / b

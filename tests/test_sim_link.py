@@ -111,3 +111,19 @@ def test_the_link_fires_once_per_completion_instant():
         events += 1
     assert len(done) == len(starts)
     assert events == len(starts) + len(set(done.values()))
+
+
+def test_a_join_that_keeps_the_next_completion_keeps_its_place_among_ties():
+    """A solo transfer's completion is queued when it starts; a transfer that starts later
+    but reaches the wire only after it leaves that entry in place, so an event scheduled in
+    between for the same instant still runs after the completion (SimPy's tie order)."""
+    env = simpy.Environment()
+    link = KVLink(env, 10 * GB)
+    log = []
+    link.start(0.0, GB, lambda k: log.append((env.now, k)), "solo")       # ends at 0.1
+    simpy.events.Timeout(env, 0.1).callbacks.append(lambda _e: log.append((env.now, "tie")))
+    simpy.events.Timeout(env, 0.05).callbacks.append(
+        lambda _e: link.start(0.2, GB, lambda k: log.append((env.now, k)), "late"))
+    env.run()
+    assert log == [(0.1, "solo"), (0.1, "tie"), (pytest.approx(0.35, rel=1e-12), "late")]
+    assert link.busy_time == pytest.approx(0.2)

@@ -237,7 +237,7 @@ class RooflinePredictor(Predictor):
     def decode_time(self, batch: int, context: int, steps: int) -> float:
         memory = self._memory_bound.get(batch)
         if memory is not None and context >= 0:      # the usual case: the branch below, short
-            const, m0, m1, qm = memory[:4]
+            const, m0, m1, qm, _, _, _ = memory
             return steps * const + (steps * (m0 + m1 * context) + qm * steps * (steps - 1) / 2.0)
         const, c0, c1, m0, m1 = self._decode_lines(batch)
         p2, q2, last = m0 + m1 * context, m1 * batch, steps - 1

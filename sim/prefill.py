@@ -26,7 +26,7 @@ import numpy as np
 import simpy
 from simpy.events import NORMAL, Event
 
-from policies.batching import blocks_for, fcfs_prefill_batch, fcfs_token_budget
+from policies.batching import blocks_for, chunked_prefill, fcfs_prefill_batch, fcfs_token_budget
 from sim.link import HostQueue
 
 
@@ -68,6 +68,8 @@ class PrefillInstance:
         self._wakeup._ok, self._wakeup._value = True, None
         self._wakeup_callbacks = [self._done]
         self._take = self._take_fcfs if self.pick is None else self._take_general
+        if pick is chunked_prefill and fairness is None and max_batch_size > 0 < max_batch_tokens:
+            self._take = self._take_chunked
 
     def fits_many(self, prompts: np.ndarray) -> np.ndarray:
         """Whether each prompt can ever be prefilled here (an array of prompt lengths)."""
@@ -159,6 +161,35 @@ class PrefillInstance:
         for i in batch:
             start[i] = at
         return batch, lens, at
+
+    def _take_chunked(self, now: float) -> tuple | None:
+        """Chunked prefill in arrival order. A lone queued request (the common batch below
+        saturation) is ``chunked_prefill``'s whole pick: as many of its remaining tokens as
+        the budget allows, if its blocks fit; taken here without building the pick list."""
+        queue = self.queue
+        if len(queue) != 1:
+            return self._take_general(now)
+        i = queue[0]
+        ledger = self.ledger
+        at = ledger.arrival_at[i]
+        if not at > now:
+            at = now
+        computed = self.done.pop(i, 0)
+        left = ledger.prompt[i] - computed
+        if computed == 0:                         # first chunk: its blocks, its start
+            need = -(-left // self.block_size)    # blocks_for
+            if need > self.free_blocks:
+                return None
+            self.free_blocks -= need
+            ledger.prefill_start_at[i] = at
+        n = self.max_batch_tokens
+        if left > n:
+            self.done[i] = computed + n
+            self.queued_tokens -= n
+            return (), [n], at
+        self.queued_tokens -= left
+        queue.pop()
+        return (i,), [left], at
 
     def _take_general(self, now: float) -> tuple | None:
         """The general path: the batching policy picks (request, tokens) from the queue in

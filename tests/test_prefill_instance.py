@@ -3,6 +3,7 @@ one wake-up event it re-arms per batch, and the serving orders its two queue kin
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import simpy
 
@@ -82,6 +83,36 @@ def test_arrival_order_queue_serves_as_the_fairness_queue_with_one_tenant():
         logs.append((log, list(prefill.ledger.prefill_start_at)))
     assert logs[0] == logs[1]
     assert [i for _, i in logs[0][0]] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_lone_queued_request_is_batched_as_the_policy_picks_it(seed):
+    # chunked prefill takes a lone request without the pick list (``_take_chunked``): the
+    # same batches as the policy's general path, arrivals spread out and the buffer short
+    rng = np.random.default_rng(seed)
+    n = 80
+    trace = make_trace(np.cumsum(rng.exponential(1.2, n)), rng.integers(1, 3000, n), [5] * n)
+    runs = []
+    for general in (False, True):
+        env, ledger, log = simpy.Environment(), Ledger(trace), []
+
+        def handed_on(i, source, env=env, log=log):      # pulled 0.5 s later
+            log.append((env.now, i))
+            env.timeout(0.5).callbacks.append(lambda _e: source.release(i))
+
+        prefill = PrefillInstance(env, 0, ledger, PerToken(0.0003), max_batch_size=3,
+                                  max_batch_tokens=1024, buffer_blocks=300, block_size=16,
+                                  pick=chunked_prefill, on_prefilled=handed_on)
+        if general:
+            prefill._take = prefill._take_general
+        for i, at in enumerate(ledger.arrival_at):
+            env.timeout(at).callbacks.append(
+                lambda _e, i=i, prefill=prefill: (prefill.enqueue(i), prefill.kick()))
+        env.run()
+        runs.append((log, list(ledger.prefill_start_at), list(ledger.prefill_end_at),
+                     prefill.num_batches, prefill.free_blocks))
+    assert runs[0] == runs[1]
+    assert sorted(i for _, i in runs[0][0]) == list(range(n))
 
 
 def test_chunked_runs_match_with_and_without_a_fairness_policy():

@@ -168,6 +168,9 @@ class RooflinePredictor(Predictor):
         # take it with one lookup and no comparison of the lines (the same floats).
         self._memory_bound: dict[int, tuple | None] = {}
         self._single: dict[int, float] = {}           # prefill time of one prompt, by length
+        # allreduce_time's factors, each the same float its expression starts with
+        self._ring_share = 2.0 * (tp - 1) / tp
+        self._num_allreduces = 2 * model.num_layers
 
     def allreduce_time(self, tokens: int) -> float:
         """Two ring all-reduces per layer of ``tokens`` x hidden bf16 activations: each moves
@@ -175,28 +178,32 @@ class RooflinePredictor(Predictor):
         if self.tp == 1:
             return 0.0
         message = tokens * self.model.hidden_size * 2.0
-        ring = 2.0 * (self.tp - 1) / self.tp * message / self._link
-        return 2 * self.model.num_layers * (self.eff.allreduce_latency_s + ring)
+        ring = self._ring_share * message / self._link
+        return self._num_allreduces * (self.eff.allreduce_latency_s + ring)
 
     def prefill_time(self, prompt_lens: Sequence[int]) -> float:
         if len(prompt_lens) == 1:                      # the common batch at moderate load
             n = prompt_lens[0]
             t = self._single.get(n)
             if t is None:
-                t = self._single[n] = self._prefill_time(prompt_lens)
+                t = self._single[n] = self._prefill_time(n, n * (n + 1), 1)
             return t
-        return self._prefill_time(prompt_lens)
-
-    def _prefill_time(self, prompt_lens: Sequence[int]) -> float:
-        tokens = float(sum(prompt_lens))
         # causal attention: n (n + 1) / 2 pairs per prompt (each product is even: exact)
-        pairs = float(sum([n * (n + 1) for n in prompt_lens]) // 2)
-        flops = (self._body_flops_per_token * tokens + self._lm_head_flops * len(prompt_lens)
-                 + self._attn_flops_per_ctx * pairs)
-        nbytes = self._weights + self._kv_per_token * tokens
-        allreduce = self.allreduce_time(int(tokens)) if self.tp > 1 else 0.0
-        return (max(flops / self._prefill_flops_rate, nbytes / self._prefill_bytes_rate)
-                + allreduce + self.eff.step_overhead_s)
+        return self._prefill_time(sum(prompt_lens), sum([n * (n + 1) for n in prompt_lens]),
+                                  len(prompt_lens))
+
+    def _prefill_time(self, tokens: int, twice_pairs: int, num_prompts: int) -> float:
+        """A batch of ``num_prompts`` prompts, ``tokens`` in all, with ``twice_pairs`` / 2
+        causal attention pairs."""
+        total = float(tokens)
+        flops = (self._body_flops_per_token * total + self._lm_head_flops * num_prompts
+                 + self._attn_flops_per_ctx * float(twice_pairs // 2))
+        nbytes = self._weights + self._kv_per_token * total
+        compute, memory = flops / self._prefill_flops_rate, nbytes / self._prefill_bytes_rate
+        roof = memory if memory > compute else compute                  # max(), no call
+        if self.tp > 1:
+            roof += self.allreduce_time(int(tokens))
+        return roof + self.eff.step_overhead_s
 
     def _decode_lines(self, batch: int) -> tuple[float, float, float, float, float]:
         """Step time = const + max(c0 + c1 * context, m0 + m1 * context), cached per batch."""

@@ -46,6 +46,10 @@ class PrefillInstance:
         self.busy_time = 0.0
         self.num_batches = 0
         self._busy = False
+        # Free blocks the queue's head waits for before any batch can start (chunked prefill
+        # in arrival order: an empty pick means an unstarted head whose blocks don't fit, and
+        # arrivals queue behind it); a release short of them skips the futile pick. 0: try.
+        self._blocked_on = 0
         self._batch: tuple | list = ()     # the batch in progress (one at a time)
         self._span = (0.0, 0.0)            # (start, end) of the latest batch
         self.source = None                # a router admitting arrivals lazily, or None
@@ -106,7 +110,10 @@ class PrefillInstance:
         """The decode side has pulled request ``i``'s KV cache: free its send buffer."""
         self.free_blocks += -(-self.ledger.prompt[i] // self.block_size)   # blocks_for
         if not self._busy and self.queue:   # an idle, empty instance waits for an arrival
-            self._next_batch()
+            if self.free_blocks >= self._blocked_on:
+                self._next_batch()
+            elif self.source is not None:   # the head still waits: only admit the arrivals
+                self.source.admit_until(self.env._now, self)
 
     def _next_batch(self) -> None:
         """Start the next batch if one fits; otherwise stay idle until a kick or release."""
@@ -168,7 +175,10 @@ class PrefillInstance:
         the budget allows, if its blocks fit; taken here without building the pick list."""
         queue = self.queue
         if len(queue) != 1:
-            return self._take_general(now)
+            taken = self._take_general(now)
+            if taken is None:                     # the head's blocks don't fit
+                self._blocked_on = -(-self.ledger.prompt[queue[0]] // self.block_size)
+            return taken
         i = queue[0]
         ledger = self.ledger
         at = ledger.arrival_at[i]
@@ -179,6 +189,7 @@ class PrefillInstance:
         if computed == 0:                         # first chunk: its blocks, its start
             need = -(-left // self.block_size)    # blocks_for
             if need > self.free_blocks:
+                self._blocked_on = need
                 return None
             self.free_blocks -= need
             ledger.prefill_start_at[i] = at
@@ -261,6 +272,7 @@ class PrefillInstance:
         for i in batch:
             end_at[i] = now
         self._busy = False
+        self._blocked_on = 0                      # the head may have changed: try
         on_prefilled = self.on_prefilled
         for i in batch:
             on_prefilled(i, self)

@@ -295,8 +295,8 @@ class RooflinePredictor(Predictor):
             last = j - 1
             t = j * const + (j * pm + qm * j * last / 2.0)     # as decode_time sums it
             # the boundary before, summed the same way (a difference could round below it)
-            prev = last * const + (last * pm + qm * last * (last - 1) / 2.0)
-            if t >= elapsed and (j == 1 or prev < elapsed):
+            if t >= elapsed and (j == 1 or last * const + (
+                    last * pm + qm * last * (last - 1) / 2.0) < elapsed):
                 return j, t
         else:
             const, c0, c1, m0, m1 = self._decode_lines(batch)

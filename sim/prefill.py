@@ -13,7 +13,8 @@ Other policies (``policies.batching.PREFILL_BATCHING``: shortest-prompt-first, c
 the batching policy picks (request, tokens) pairs from the queue, and a request leaves the queue
 once all its prompt tokens are computed (``done``). Without a fairness policy the queue is a
 deque in arrival order (a chunked batch's finished requests lead it); with one, a list kept in
-the policy's order. Whole-prompt FCFS keeps the head-of-queue fast path (``_take_fcfs``).
+the policy's order. Whole-prompt FCFS keeps the head-of-queue fast path (``_take_fcfs``);
+chunked prefill in arrival order takes a lone queued request directly (``_take_chunked``).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class PrefillInstance:
         self._wakeup._ok, self._wakeup._value = True, None
         self._wakeup_callbacks = [self._done]
         self._take = self._take_fcfs if self.pick is None else self._take_general
-        if pick is chunked_prefill and fairness is None and max_batch_size > 0 < max_batch_tokens:
+        if (pick is chunked_prefill and fairness is None and max_batch_size > 0
+                and max_batch_tokens > 0):        # (the policy picks nothing from a 0 budget)
             self._take = self._take_chunked
 
     def fits_many(self, prompts: np.ndarray) -> np.ndarray:

@@ -174,19 +174,22 @@ class PrefillInstance:
     def _take_chunked(self, now: float) -> tuple | None:
         """Chunked prefill in arrival order. A lone queued request (the common batch below
         saturation) is ``chunked_prefill``'s whole pick: as many of its remaining tokens as
-        the budget allows, if its blocks fit; taken here without building the pick list."""
-        queue = self.queue
-        if len(queue) != 1:
-            taken = self._take_general(now)
-            if taken is None:                     # the head's blocks don't fit
-                self._blocked_on = -(-self.ledger.prompt[queue[0]] // self.block_size)
-            return taken
+        the budget allows, if its blocks fit; taken here without building the pick list. So
+        is an empty pick: an unstarted head whose blocks don't fit (the policy stops there)."""
+        queue, done = self.queue, self.done
         i = queue[0]
+        if len(queue) != 1:
+            if i not in done:                     # an unstarted head: its blocks first
+                need = -(-self.ledger.prompt[i] // self.block_size)    # blocks_for
+                if need > self.free_blocks:       # the policy would pick nothing
+                    self._blocked_on = need
+                    return None
+            return self._take_general(now)        # (the head is in the pick)
         ledger = self.ledger
         at = ledger.arrival_at[i]
         if not at > now:
             at = now
-        computed = self.done.pop(i, 0)
+        computed = done.pop(i, 0) if done else 0
         left = ledger.prompt[i] - computed
         if computed == 0:                         # first chunk: its blocks, its start
             need = -(-left // self.block_size)    # blocks_for

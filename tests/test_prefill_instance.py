@@ -87,8 +87,9 @@ def test_arrival_order_queue_serves_as_the_fairness_queue_with_one_tenant():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_a_lone_queued_request_is_batched_as_the_policy_picks_it(seed):
-    # chunked prefill takes a lone request without the pick list (``_take_chunked``): the
-    # same batches as the policy's general path, arrivals spread out and the buffer short
+    # chunked prefill takes a lone request, and sees an empty pick coming, without the pick
+    # list (``_take_chunked``): the same batches as the policy's general path, arrivals
+    # spread out and the buffer short
     rng = np.random.default_rng(seed)
     n = 80
     trace = make_trace(np.cumsum(rng.exponential(1.2, n)), rng.integers(1, 3000, n), [5] * n)

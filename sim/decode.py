@@ -267,11 +267,11 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
             # requests a redo now would preempt.
             if self._redo_due:
                 return
-            if self._kv is not None and self.running and self._short_at(self.iteration):
+            if self._kv is not None and self.running and self._kv.short(self.iteration):
                 self._redo_due = True
                 self._timer.set(self._boundary_at)
                 return
-            self._redo()
+            self._redo(short=False)
             return
         # (in a stall, its first step has begun)
         done, t = self.predictor.decode_next_boundary(batch, context, steps,
@@ -279,7 +279,7 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
         if done >= steps:
             return                                     # the run's end is that boundary
         at = start + factor * t
-        if self._kv is not None and self._slack < 0 and self._short_at(self.iteration + done):
+        if self._kv is not None and self._slack < 0 and self._kv.short(self.iteration + done):
             # Room must be made at that boundary (a run with slack >= 0 has the blocks of all
             # its steps): decide whom to preempt when it is reached (memory freed before then
             # may spare them). The live run ends there instead.

@@ -289,13 +289,24 @@ class GrowingKV:
         del residues[bisect_left(residues, rho)]
         held = self.pool.held[request]
         self.reserved -= held
-        if self._step is not None:    # less its growth in that step
-            self._growth -= max(0, -(-(base + self._step) // self.block_size) - held)
+        if self._step is not None:    # less its growth in that step (a comparison, not max())
+            grown = -(-(base + self._step) // self.block_size) - held
+            if grown > 0:
+                self._growth -= grown
         return base
 
     def growth_upper(self, t: int) -> int:
         n = len(self.base)
         return (self.sum_base + n * (t + self.block_size - 1)) // self.block_size - self.reserved
+
+    def short(self, t: int) -> bool:
+        """Whether step ``t`` (from the newest join on) takes more growth than the pool has
+        free: the O(1) bound (``growth_upper``, inlined: one call instead of two) settles
+        most, else ``growth``."""
+        free, b = self.pool.free_blocks, self.block_size
+        if (self.sum_base + len(self.base) * (t + b - 1)) // b - self.reserved <= free:
+            return False
+        return self.growth(t) > free
 
     def growth(self, t: int) -> int:
         """Blocks held beyond the reservations in step ``t`` (exact; the last step asked is
@@ -353,8 +364,8 @@ class GrowingKV:
         victims = []
         while over > 0 and self.base:
             v = pick_victim(self.base)
-            x = self.base[v]
-            over -= max(0, -(-(x + t) // b) - held[v]) + held[v]    # its growth and reservation
+            blocks, h = -(-(self.base[v] + t) // b), held[v]
+            over -= blocks if blocks > h else h     # its growth and reservation (no max())
             victims.append((v, self.leave(v)))
         return victims
 

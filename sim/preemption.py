@@ -66,8 +66,7 @@ class DecodePreemption:
             if self._restoring:
                 self._plan_from(self._admit(max(now, self._idle_at)))
             return
-        last, kv, free = self.iteration + self._plan[3] - 1, self._kv, self.memory.free_blocks
-        if self._restoring or (kv.growth_upper(last) > free and kv.growth(last) > free):
+        if self._restoring or self._kv.short(self.iteration + self._plan[3] - 1):
             self._change_at_next_boundary(now)
         elif self._slack < 0:
             self._slack = 0                    # the live run fits, with no room to spare
@@ -149,11 +148,6 @@ class DecodePreemption:
         self.pending.appendleft((i, None))
         self.num_preemptions += 1
 
-    def _short_at(self, it: int) -> bool:
-        """Whether step ``it`` is short of blocks now (room must be made at its boundary)."""
-        kv, free = self._kv, self.memory.free_blocks
-        return kv.growth_upper(it) > free and kv.growth(it) > free
-
     def _unjoin(self) -> None:
         """Redoing a boundary planned ahead: the requests that joined there leave again, so
         that room is made among those running before it, and then they join afresh after
@@ -175,9 +169,14 @@ class DecodePreemption:
         self._restoring[:0] = restores
         self.waiting.extendleft(reversed(others))
 
-    def _redo(self) -> None:
+    def _redo(self, short: bool | None = None) -> None:
         """Redo the boundary planned last, from its instant (see
-        ``DecodeInstance._change_at_next_boundary``)."""
-        if self._joined and (self._restoring or self._short_at(self.iteration)):
+        ``DecodeInstance._change_at_next_boundary``). ``short``: whether its step is short of
+        blocks, when the caller has just found out (None: not known)."""
+        if self._joined and (self._restoring or (
+                self._kv.short(self.iteration) if short is None else short)):
             self._unjoin()           # (else they would join again alike: they hold no growth)
-        self._plan_from(self._admit(self._plan[0], redo=True))
+        # A step known not short needs no room made, unless restores or a stall are due
+        # (saves re-deriving it: the bound, and make_room's exact growth).
+        room = short is not False or bool(self._restoring) or bool(self._stall)
+        self._plan_from(self._admit(self._plan[0], redo=True, room=room))

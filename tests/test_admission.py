@@ -79,6 +79,8 @@ def test_growing_kv_matches_the_exact_sums(joins, spare, steps, block):
         exact = sum(max(0, blocks_for(c + t + k - at, block) - h)
                     for (c, at), h in zip(joins, held))
         assert kv.growth(t + k) == exact <= kv.growth_upper(max(t + k, t))
+        if k >= 0:                                      # the bound holds from the newest join
+            assert kv.short(t + k) == (exact > spare)
     base = sum(blocks_for(c, block) - h for c, h in zip(contexts, held))
     assert kv.steps_fitting(t, steps) == (
         0 if base > spare else brute_steps_until_full(contexts, spare - base, block, steps))

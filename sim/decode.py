@@ -17,9 +17,10 @@ Fast-forward (docs/design.md): between batch changes the batch is fixed, so the 
 one timer for the ``k`` iterations until the next finish, timed in closed form by the predictor
 (``decode_time``). A request landing mid-run, or a change of host slowdown, takes effect at the
 next iteration boundary (``decode_next_boundary``): the instance commits the run up to that
-boundary and plans the next run from it at once, so a join costs no event of its own. The
-instance's one timer (``sim.timers.MovableTimer``) is then moved to the new run's end, earlier
-or later, in place: a replan adds no event, and no timer fires stale or re-arms. Committed
+boundary and plans the next run from it at once, so a join costs no event of its own (unless
+requests wait for memory: see ``_change_at_next_boundary``). The instance's one timer
+(``sim.timers.MovableTimer``) is then moved to the new run's end, earlier or later, in place:
+a replan adds no event, and no timer fires stale or re-arms. Committed
 iterations may run up to one iteration ahead of the clock; a run cut short (``until``) shows
 only what had happened by the cut (``Ledger.frame``). With ``fast_forward=False`` every
 iteration is its own timer: the oracle the fast path is tested against.
@@ -262,12 +263,15 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
         if now < start and now < self._boundary_at:
             # A planned run not yet begun: redo it from the same boundary (its instant stays
             # ``_boundary_at``; ``start`` is later by any restore stall planned there). If room
-            # must be made there, redo it when the boundary is reached: memory freed before
-            # then (a failed transfer, a one-token request ending as it lands) may spare the
-            # requests a redo now would preempt.
+            # must or may be made there (short of blocks, or requests wait for memory), redo
+            # it when the boundary is reached: memory freed before then (a failed transfer, a
+            # one-token request ending as it lands) may spare the requests a redo now would
+            # preempt, and the changes before then (landings come in bursts as memory frees)
+            # take one redo, not one each, for a timer firing. Else redo it now (no event).
             if self._redo_due:
                 return
-            if self._kv is not None and self.running and self._kv.short(self.iteration):
+            if self._kv is not None and self.running and (
+                    self.pending or self._kv.short(self.iteration)):
                 self._redo_due = True
                 self._timer.set(self._boundary_at)
                 return

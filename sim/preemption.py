@@ -13,8 +13,9 @@ blocks the most recently admitted request is preempted there (``_make_room``, ``
 blocks are freed and it goes to the head of ``pending``, and later gets its blocks back and its
 KV by recompute or swap (``_restore``), which stalls the batch at the next boundary. A boundary
 that freed memory is planned once its pulls are in (``_plan_due``): restores reserved there join
-it. A boundary planned ahead where room must be made is redone when reached (``_redo``,
-``_unjoin``), since memory freed before then may spare the requests it would preempt.
+it. A boundary planned ahead that a change reaches (a landing, a reservation) is redone once,
+when reached (``_redo``, ``_unjoin``): memory freed before then may spare the requests it would
+preempt, and the changes before then take one redo.
 """
 
 from __future__ import annotations

@@ -93,6 +93,28 @@ def test_restores_at_one_boundary_join_it_with_one_replan(monkeypatch):
     assert_same_instants(fast, slow)
 
 
+def test_changes_before_a_boundary_planned_ahead_take_one_redo(monkeypatch):
+    """With requests waiting for memory, the changes reaching a boundary planned ahead (its
+    run not yet begun: landings, reservations) are redone once, when it is reached, instead
+    of once each; as the oracle has it."""
+    from sim.decode import DecodeInstance
+
+    absorbed = []
+    change = DecodeInstance._change_at_next_boundary
+
+    def spy(self, now):
+        absorbed.append(self._redo_due and now < self._boundary_at)
+        change(self, now)
+
+    monkeypatch.setattr(DecodeInstance, "_change_at_next_boundary", spy)
+    trace = random_trace(np.random.default_rng(4), 150, 4.0, max_output=300)
+    config = make_config(**{"cluster.decode.max_batch_size": 32,
+                            "cluster.decode.max_num_blocks": 200})
+    fast, slow = run_both(config, trace)
+    assert sum(absorbed) >= 2
+    assert_same_instants(fast, slow)
+
+
 def test_fast_forward_matches_oracle_with_a_table_predictor():
     config = make_config(**{"cluster.decode.max_batch_size": 16})
     roofline = make_predictor(config, config.cluster.decode)

@@ -283,10 +283,12 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
         if done >= steps:
             return                                     # the run's end is that boundary
         at = start + factor * t
-        if self._kv is not None and self._slack < 0 and self._kv.short(self.iteration + done):
-            # Room must be made at that boundary (a run with slack >= 0 has the blocks of all
-            # its steps): decide whom to preempt when it is reached (memory freed before then
-            # may spare them). The live run ends there instead.
+        if self._kv is not None and (self.pending or self._slack < 0 and
+                                     self._kv.short(self.iteration + done)):
+            # Room must or may be made at that boundary (a run with slack >= 0 has the blocks
+            # of all its steps; requests waiting for memory may take them): decide whom to
+            # preempt when it is reached (memory freed before then may spare them), with the
+            # changes made until then planned once. The live run ends there instead.
             self._plan = (start, batch, context, done, factor)
             self._timer_steps, self._end, self._slack = done, at, -1
             self._timer.set(at)

@@ -93,25 +93,32 @@ def test_restores_at_one_boundary_join_it_with_one_replan(monkeypatch):
     assert_same_instants(fast, slow)
 
 
-def test_changes_before_a_boundary_planned_ahead_take_one_redo(monkeypatch):
-    """With requests waiting for memory, the changes reaching a boundary planned ahead (its
-    run not yet begun: landings, reservations) are redone once, when it is reached, instead
-    of once each; as the oracle has it."""
+def test_changes_before_a_boundary_are_planned_there_while_requests_wait(monkeypatch):
+    """With requests waiting for memory, a change mid-run (a landing, a reservation) ends the
+    live run at the next boundary and plans nothing now: the changes made before that
+    boundary are planned once, when it is reached; as the oracle has it."""
     from sim.decode import DecodeInstance
 
-    absorbed = []
-    change = DecodeInstance._change_at_next_boundary
+    plans, planned = [0], []           # per change while requests wait: did it plan now?
+    change, plan_from = DecodeInstance._change_at_next_boundary, DecodeInstance._plan_from
 
-    def spy(self, now):
-        absorbed.append(self._redo_due and now < self._boundary_at)
+    def spy_plan(self, at):
+        plans[0] += 1
+        plan_from(self, at)
+
+    def spy_change(self, now):
+        before, waiting = plans[0], self.fast_forward and bool(self.pending)
         change(self, now)
+        if waiting:
+            planned.append(plans[0] > before)
 
-    monkeypatch.setattr(DecodeInstance, "_change_at_next_boundary", spy)
+    monkeypatch.setattr(DecodeInstance, "_plan_from", spy_plan)
+    monkeypatch.setattr(DecodeInstance, "_change_at_next_boundary", spy_change)
     trace = random_trace(np.random.default_rng(4), 150, 4.0, max_output=300)
     config = make_config(**{"cluster.decode.max_batch_size": 32,
                             "cluster.decode.max_num_blocks": 200})
     fast, slow = run_both(config, trace)
-    assert sum(absorbed) >= 2
+    assert len(planned) >= 10 and not any(planned)
     assert_same_instants(fast, slow)
 
 

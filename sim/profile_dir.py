@@ -100,7 +100,7 @@ class MeasuredProfile:
         """A fresh ``TablePredictor`` of prefill.csv and decode.csv (its ``seen`` is per run),
         pricing batches as [serving] batch_padding says unless ``batch_padding`` is given,
         and (``loop``) scaled to the serving loop's step costs (``loop``)."""
-        from sim.predictor import TablePredictor
+        from sim.predictor_table import TablePredictor
 
         table = TablePredictor.from_points(self.prefill, self.decode,
                                            batch_padding or self.serving["batch_padding"])
@@ -178,7 +178,7 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
             raise ProfileDirError(f"{base / name}: no measured points")
     if not transfer:
         raise ProfileDirError(f"{base / 'transfer.csv'}: no measured points")
-    from sim.predictor import TablePredictor
+    from sim.predictor_table import TablePredictor
 
     try:
         table = TablePredictor.from_points(prefill, decode, serving["batch_padding"])
@@ -350,7 +350,7 @@ class TransferTable:
         self.seen: list[float] | None = None
 
     def __call__(self, nbytes: float) -> float:
-        from sim.predictor import _line
+        from sim.predictor_table import _line
 
         self.seen = [nbytes, nbytes] if self.seen is None else [
             min(self.seen[0], nbytes), max(self.seen[1], nbytes)]

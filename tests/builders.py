@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.config import RunConfig
-from sim.predictor import TablePredictor
+from sim.predictor_table import TablePredictor
 from sim.transfer import TransferCost
 from traces.trace import Trace
 

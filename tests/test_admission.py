@@ -13,7 +13,7 @@ from policies.admission import (ADMISSION, DEFAULT_ADMISSION, pick_victim, reser
 from sim.cluster import simulate
 from sim.config import ConfigError, RunConfig
 from sim.npu_memory import BlockPool, GrowingKV
-from sim.predictor import TablePredictor
+from sim.predictor_table import TablePredictor
 from traces.schema import write_records
 from tests.builders import FreeTransfer, make_config, random_trace
 

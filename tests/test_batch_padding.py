@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from sim.cluster import make_predictor, simulate
 from sim.config import ConfigError, from_dict
-from sim.predictor import TablePredictor
+from sim.predictor_table import TablePredictor
 from sim.profile_dir import load_profile_dir
 from tests.builders import make_config, random_trace
 from traces.trace import Trace

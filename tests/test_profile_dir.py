@@ -276,7 +276,7 @@ def test_cli_sweep_on_a_profile(prof, capsys):
 def test_table_lines_match_the_grid_and_interpolate_scattered_points():
     """From rows, a regular grid times as the grid constructor does; between two batch sizes
     measured at different contexts a step is linear in the batch at the same total context."""
-    from sim.predictor import TablePredictor
+    from sim.predictor_table import TablePredictor
 
     grid = TablePredictor([16, 2048], [0.01, 0.5], [1, 8], [16, 4096],
                           [[0.01, 0.02], [0.03, 0.08]])

@@ -7,7 +7,8 @@ from hypothesis import example, given, settings, strategies as st
 from hardware import catalog
 from sim.cluster import make_predictor, simulate
 from sim.paper import serving_config
-from sim.predictor import Predictor, TablePredictor
+from sim.predictor import Predictor
+from sim.predictor_table import TablePredictor
 from tests.builders import make_config, make_trace, random_trace
 
 INSTANTS = ["prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer_end_at",

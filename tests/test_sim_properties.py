@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from hardware import catalog
 from sim.cluster import simulate
-from sim.predictor import TablePredictor
+from sim.predictor_table import TablePredictor
 from tests.builders import make_config, make_trace, random_trace
 from traces.schema import Status, read_records, write_records
 

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from heapq import heapify, heappush
 from typing import Any, Callable
 
 import simpy
-from simpy.events import NORMAL, Event
 
 from sim.timers import MovableTimer
 
@@ -55,13 +53,7 @@ class KVLink:
     (``active``). Entries are folded into the virtual clock lazily, so one timer -- at the
     next completion -- is all the link schedules. A transfer that starts on an idle link
     (the usual case below saturation) is ``solo``: its completion is known at once, and it
-    joins the shared clock only if another transfer starts before it is done.
-
-    A solo completion is the link's own queue entry (``_solo_entry``), pushed as
-    ``MovableTimer.set`` would push it (same instant, priority and place among ties), whose
-    callback ends the transfer directly: a solo transfer costs no timer calls. If another
-    transfer joins, the entry stays where it is when the next completion keeps its instant,
-    and otherwise leaves the queue for the timer (``_schedule``)."""
+    joins the shared clock only if another transfer starts before it is done."""
 
     def __init__(self, env: simpy.Environment, bandwidth_bytes_s: float, latency_s: float = 0.0):
         if not bandwidth_bytes_s > 0:
@@ -77,10 +69,6 @@ class KVLink:
         self._solo = None           # (enter_at, seq, wire_bytes, callback, arg) or None
         self._timer = MovableTimer(env, self._on_timer)   # at the next completion
         self._timer_at = math.inf   # when it fires (inf: the link is idle)
-        self._solo_entry = None     # the pending queue entry of a solo start, or None
-        self._solo_event = Event(env)   # its event, reused (processed when none is pending)
-        self._solo_event._ok, self._solo_event._value = True, None
-        self._solo_callbacks = [self._on_solo_entry]
         self.bytes_moved = 0.0
         self.busy_time = 0.0        # time with at least one transfer on the wire
 
@@ -113,11 +101,7 @@ class KVLink:
         if self._timer_at == INF:             # idle link: this transfer has it to itself
             self._solo = (enter_at, self._seq, wire, on_done, arg)
             self._timer_at = at = enter_at + wire / self.bandwidth
-            env, event = self.env, self._solo_event
-            event.callbacks = self._solo_callbacks
-            self._solo_entry = entry = (now + (at - now) if at > now else now, NORMAL,
-                                        next(env._eid), event)
-            heappush(env._queue, entry)
+            self._timer.set(at)
             return
         if self._solo is not None:            # share from here on
             heapq.heappush(self._pending, self._solo)
@@ -172,26 +156,16 @@ class KVLink:
         if at == self._timer_at:
             return                  # the timer already fires then
         self._timer_at = at
-        entry = self._solo_entry
-        if entry is not None:       # a solo start's entry: the timer takes over (rare)
-            self._solo_entry = None
-            queue = self.env._queue
-            queue.remove(entry)
-            heapify(queue)
         self._timer.set(at)         # moved there (sim.timers), or set when none is pending
 
-    def _on_solo_entry(self, _event) -> None:
-        self._solo_entry = None
-        solo = self._solo
-        if solo is None:                      # others joined; the next completion kept its
-            self._on_timer()                  # instant, so this entry stayed
-            return
-        self._solo = None
-        self._timer_at = INF
-        self.busy_time += solo[2] / self.bandwidth
-        solo[3](solo[4])                      # on_done(arg)
-
     def _on_timer(self) -> None:
+        solo = self._solo
+        if solo is not None:
+            self._solo = None
+            self._timer_at = INF
+            self.busy_time += solo[2] / self.bandwidth
+            solo[3](solo[4])                  # on_done(arg)
+            return
         now = self.env._now
         self._timer_at = math.inf
         self._advance(now)

@@ -185,27 +185,35 @@ class PrefillInstance:
                     self._blocked_on = need
                     return None
             return self._take_general(now)        # (the head is in the pick)
-        ledger = self.ledger
-        at = ledger.arrival_at[i]
-        if not at > now:
-            at = now
-        computed = done.pop(i, 0) if done else 0
-        left = ledger.prompt[i] - computed
-        if computed == 0:                         # first chunk: its blocks, its start
+        computed = done.get(i, 0)
+        left = self.ledger.prompt[i] - computed
+        if not computed:                          # first chunk: its blocks must fit
             need = -(-left // self.block_size)    # blocks_for
             if need > self.free_blocks:
                 self._blocked_on = need
                 return None
-            self.free_blocks -= need
-            ledger.prefill_start_at[i] = at
         n = self.max_batch_tokens
-        if left > n:
-            self.done[i] = computed + n
-            self.queued_tokens -= n
+        return self._take_one(i, left if left < n else n, now)
+
+    def _take_one(self, i: int, n: int, now: float) -> tuple:
+        """A pick of one: request ``i`` computes ``n`` more prompt tokens. Its first chunk
+        takes its blocks and starts it; its last takes it off the queue."""
+        ledger, done = self.ledger, self.done
+        at = ledger.arrival_at[i]
+        if not at > now:
+            at = now
+        computed = done.pop(i, None)
+        if computed is None:                      # first chunk: its blocks, its start
+            self.free_blocks -= -(-ledger.prompt[i] // self.block_size)   # blocks_for
+            ledger.prefill_start_at[i] = at
+            computed = 0
+        computed += n
+        self.queued_tokens -= n
+        if computed != ledger.prompt[i]:
+            done[i] = computed
             return (), [n], at
-        self.queued_tokens -= left
-        queue.pop()
-        return (i,), [left], at
+        self.queue.remove(i)
+        return (i,), [n], at
 
     def _take_general(self, now: float) -> tuple | None:
         """The general path: the batching policy picks (request, tokens) from the queue in
@@ -218,21 +226,7 @@ class PrefillInstance:
             return None
         if len(picks) == 1 and self.fairness is None:   # the common batch below saturation
             (i, n), = picks
-            at = ledger.arrival_at[i]
-            if not at > now:
-                at = now
-            computed = done.pop(i, None)
-            if computed is None:                  # first chunk: its blocks, its start
-                self.free_blocks -= -(-prompt[i] // self.block_size)   # blocks_for
-                ledger.prefill_start_at[i] = at
-                computed = 0
-            computed += n
-            self.queued_tokens -= n
-            if computed != prompt[i]:
-                done[i] = computed
-                return (), [n], at
-            queue.remove(i)
-            return (i,), [n], at
+            return self._take_one(i, n, now)
         arrival, bs = ledger.arrival_at, self.block_size
         at, lens, first, finished, blocks = now, [], [], [], 0
         for i, n in picks:

@@ -27,6 +27,7 @@ root complex, where GPU and NIC share no PCIe switch).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cache
 
 from hardware.catalog import DeviceSpec, ModelSpec, dtype_bytes, lookup
 from hardware.dram import DramConfig, GiB
@@ -200,18 +201,6 @@ def _lcm(a: int, b: int) -> int:
     return a * b // gcd(a, b)
 
 
-class _Memo(dict):
-    """A function's values by argument, each computed on its first lookup."""
-
-    def __init__(self, function) -> None:
-        super().__init__()
-        self.function = function
-
-    def __missing__(self, key):
-        value = self[key] = self.function(key)
-        return value
-
-
 class MechanismPricing:
     """Prices one mechanism between a prefill and a decode instance; ``price`` is memoised."""
 
@@ -226,9 +215,9 @@ class MechanismPricing:
                              f"{decode.device.key!r}")
         self.model, self.prefill, self.decode, self.params = model, prefill, decode, params
         self._bank_bytes = int(params.single_buffer_bank_gb * GiB)
-        # memoised by a dict's own lookup (a C call per hit, cheaper than lru_cache's); the
-        # keys are prompt lengths, so the memo stays as small as the longest context
-        self.price = _Memo(self._price).__getitem__
+        # unbounded: the keys are prompt lengths, so the memo stays as small as the longest
+        # context (and a hit skips the bounded cache's bookkeeping)
+        self.price = cache(self._price)
         #: prompt tokens -> seconds the prefill engine spends saving them (host-staged only)
         self.save_time = self._save_time if self.mechanism.host_staged else None
 

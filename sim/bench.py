@@ -90,14 +90,36 @@ def startup_seconds(timeout_s: float = 120.0) -> tuple[float, float]:
 
 
 # Run by a fresh interpreter: ``hawk simulate`` with the given arguments, then its peak
-# resident memory (Linux reports kilobytes) as the last line.
+# resident memory in kilobytes as the last line (``sim.bench.own_peak_rss_kb``).
 MEMORY_SCRIPT = """
-import resource, sys
+import sys
 from sim.cli import main
 code = main(sys.argv[1:])
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+from sim.bench import own_peak_rss_kb
+print(own_peak_rss_kb())
 sys.exit(code)
 """
+
+
+def own_peak_rss_kb() -> int:
+    """This process's peak resident memory in kilobytes, since it last exec'd.
+
+    Linux keeps ``getrusage``'s ``ru_maxrss`` across ``fork`` and ``exec``: a probe started
+    by a large process (``hawk bench`` holding its runs' records) would report that process's
+    resident set, not its own. The memory map's high-water mark (``VmHWM`` in
+    ``/proc/self/status``) starts afresh at ``exec``; ``ru_maxrss`` only where there is no
+    ``/proc`` (macOS reports it in bytes)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak
 
 
 def peak_memory_mb(num_requests: int, rate: float, stream: bool, seed: int = 0,

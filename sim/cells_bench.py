@@ -34,6 +34,8 @@ def run_once(num_requests: int, cells: int, workers: int, rate_per_cell: float,
                                     "workload.num_requests": num_requests,
                                     "workload.rate": rate_per_cell * cells, "seed": seed})
     result = simulate_cells(config, workers=workers)
+    from sim.bench import own_peak_rss_kb
+
     kb = 1024
     mine, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
                                                           resource.RUSAGE_CHILDREN))
@@ -44,7 +46,7 @@ def run_once(num_requests: int, cells: int, workers: int, rate_per_cell: float,
             "cpu_s": mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime,
             **{k: result.timing[k] for k in ("split_s", "cells_s", "merge_s", "summary_s")},
             "cells_cpu_s": sum(result.timing["cell_wall_time_s"]),
-            "parent_peak_rss_mb": mine.ru_maxrss * kb / 1e6,
+            "parent_peak_rss_mb": own_peak_rss_kb() * kb / 1e6,   # not its parent's
             # a forked worker's resident set counts the pages it shares with the parent
             "worker_peak_rss_mb": children.ru_maxrss * kb / 1e6,
             "slo_attainment": result.summary["slo_attainment"]}

@@ -63,3 +63,14 @@ def test_importing_the_command_line_imports_no_heavy_library():
     assert done.returncode == 0, done.stderr
     loaded = {name.split(".")[0] for name in done.stdout.split()}
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+
+
+def test_memory_probe_reports_its_own_peak_not_the_process_that_started_it():
+    # Linux carries ru_maxrss over fork and exec: a probe started by a process holding
+    # 600 MB reported those 600 MB whatever it used itself.
+    held = bytearray(600 * 2**20)
+    held[::4096] = b"\1" * len(range(0, len(held), 4096))      # touch every page
+    assert bench.own_peak_rss_kb() >= 600 * 1024                 # this process: it is there
+    probe_mb = bench.peak_memory_mb(100, 0.5, stream=True)
+    assert 10 < probe_mb < 450, probe_mb                        # a 100-request run's own
+    del held

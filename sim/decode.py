@@ -145,7 +145,7 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
             self._pull()
 
     def _pull(self) -> None:
-        ledger, pending, now = self.ledger, self.pending, self.env.now
+        ledger, pending, now = self.ledger, self.pending, self.env._now
         try_reserve, prompt, output = self.memory.try_reserve, ledger.prompt, ledger.output
         kv, oracle = self._kv, self.admission.name == "oracle-reserve"
         while pending:
@@ -206,7 +206,7 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
             if cost.host_cpu_s > 0:
                 self._host_change(+1)
             queued = getattr(cost, "dest_host_s", 0.0)   # waits behind this host's other work
-            now = self.env.now
+            now = self.env._now
             delay = (self.host.reserve(now, queued) - now + cost.after_s - queued if queued > 0
                      else cost.after_s)
             timer = self.env.timeout(delay)
@@ -225,7 +225,7 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
             if self.lost:
                 return                            # failed with the instance
             self._in_flight.pop(i, None)
-        ledger, now = self.ledger, self.env.now
+        ledger, now = self.ledger, self.env._now
         if self._stages:
             self.memory.relayout_done(i)
         ledger.transfer_end_at[i] = ledger.first_token_at[i] = now
@@ -308,7 +308,7 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
 
     def _boundary(self, steps: int) -> None:
         """``steps`` iterations of the live run have completed: finish, admit, replan."""
-        now, ledger, running = self.env.now, self.ledger, self.running
+        now, ledger, running = self.env._now, self.ledger, self.running
         if self._plan is not None:
             self.busy_time += now - self._plan[0]
             self.num_iterations += steps

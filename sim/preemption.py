@@ -54,7 +54,7 @@ class DecodePreemption:
         if self._plan is None or self._due is not None:
             return self.iteration
         start, batch, context, steps, factor = self._plan
-        now = self.env.now
+        now = self.env._now
         if now < start:                # in a stall (step `iteration` has its blocks) or a run
             return self.iteration if now >= self._boundary_at else self.iteration - 1
         j, _ = self.predictor.decode_next_boundary(batch, context, steps, (now - start) / factor)

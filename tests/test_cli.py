@@ -5,6 +5,7 @@ import json
 import pandas as pd
 import pytest
 
+from sim import bench
 from sim.cli import main
 
 SUMMARY_KEYS = {"num_requests", "num_finished", "num_failed", "slo_attainment", "ttft_p50_s",
@@ -113,8 +114,11 @@ def test_mechanism_flag_selects_the_transfer_path(capsys):
 
 def test_bench_reports_rates_and_ratios(capsys):
     report = run_json(capsys, "bench", "--num-requests", "2000", "--rate", "0.5",
-                      "--repeats", "1", "--memory-requests", "2000", "--json")
-    assert report["num_requests"] == 2000 and report["repeats"] == 1
+                      "--repeats", "2", "--memory-requests", "2000", "--json")
+    assert report["num_requests"] == 2000 and report["repeats"] == 2
+    spread = report["per_repeat"]                    # each repeat's own ratios
+    assert all(len(v) == 2 and min(v) > 0 for v in spread.values())
+    assert "each repeat's own" in bench.format_report(report)
     assert report["requests_per_bare_event"] == pytest.approx(
         report["simulated_requests_per_s"] / report["bare_simpy_events_per_s"])
     assert report["long_output_wall_ratio"] == pytest.approx(

@@ -15,7 +15,6 @@ first ``--num-requests``, then send it (``traces.replay``). SLOs: ``--ttft-slo``
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys

@@ -104,11 +104,11 @@ def _has(columns, spec: ColumnMapping) -> bool:
     return all(col in columns for _, col in spec.fields())
 
 
-def _container(fmt: str) -> str:
+def container_of(fmt: str) -> str:
     return {"mooncake": "jsonl", "jsonl": "jsonl", "parquet": "parquet"}.get(fmt, "csv")
 
 
-def _spec(fmt: str, raw: RawRows, mapping: ColumnMapping, path: Path) -> ColumnMapping:
+def column_spec(fmt: str, raw: RawRows, mapping: ColumnMapping, path: Path) -> ColumnMapping:
     if fmt == "splitwise":
         spec = _VIDUR if _has(raw.columns, _VIDUR) else _SPLITWISE
     else:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from traces.bundled import resolve_trace
-from traces.formats import (FORMATS, TIME_UNITS, ColumnMapping, _container, _spec,
+from traces.formats import (FORMATS, TIME_UNITS, ColumnMapping, container_of, column_spec,
                             detect_format)
 from traces.readers import RawRows, TraceFormatError, open_rows
 from traces.trace import Trace
@@ -160,7 +160,7 @@ def read_blocks(path: Path, fmt: str, tally: Tally, *, skip_bad: bool = False,
     """The rows of ``path`` a block at a time (``block_rows``; None: all at once), filtered and
     parsed: ``(raw, values, problems)`` per block, rows with problems still in. Raises the
     first problem met unless ``skip_bad``; ``tally`` counts as it goes."""
-    with open_rows(path, _container(fmt)) as rows:
+    with open_rows(path, container_of(fmt)) as rows:
         while not rows.exhausted and (max_requests is None or tally.num_kept < max_requests):
             want = None if max_requests is None else max_requests - tally.num_kept
             if block_rows is not None:
@@ -173,7 +173,7 @@ def read_blocks(path: Path, fmt: str, tally: Tally, *, skip_bad: bool = False,
                 tally.count(problems)
                 _raise_first(problems, skip_bad, path, raw.unit)
                 continue
-            tally.spec = tally.spec or _spec(fmt, raw, mapping, path)
+            tally.spec = tally.spec or column_spec(fmt, raw, mapping, path)
             raw, filtered = _apply_filters(raw, filters or {}, path)
             values, bad = _convert(raw, tally.spec, path, fmt)
             problems += bad
@@ -194,9 +194,9 @@ def _raise_first(problems: list, skip_bad: bool, path: Path, unit: str) -> None:
 
 def _apply_filters(raw: RawRows, filters: dict[str, Any], path: Path) -> tuple[RawRows, int]:
     keep = np.ones(len(raw.lines), dtype=bool)
-    by_key = {_norm(k): k for k in raw.columns}
+    by_key = {norm_column_name(k): k for k in raw.columns}
     for key, wanted in filters.items():
-        column = by_key.get(_norm(key))
+        column = by_key.get(norm_column_name(key))
         if column is None:
             raise ValueError(f"{path}: filter column {key!r} is not among {sorted(raw.columns)}")
         options = [wanted] if isinstance(wanted, (str, int, float)) else list(wanted)
@@ -205,7 +205,7 @@ def _apply_filters(raw: RawRows, filters: dict[str, Any], path: Path) -> tuple[R
     return raw.take(keep), int((~keep).sum())
 
 
-def _norm(name: str) -> str:
+def norm_column_name(name: str) -> str:
     return name.lower().replace(" ", "").replace("_", "")
 
 
@@ -297,8 +297,8 @@ def _assemble(path: Path, fmt: str, raw: RawRows, values: dict, problems: list,
         seconds = (arrivals - origin_value) * scale
         origin = f"{origin_value * scale:.9g} s"
     ids = values["request_id"][keep] if "request_id" in values else raw.index[keep]
-    _check_unique(path, raw.unit, ids, raw.lines[keep], spec.request_id)
-    tenant = _tenant_column(raw)
+    check_unique(path, raw.unit, ids, raw.lines[keep], spec.request_id)
+    tenant = tenants_of(raw)
     trace = Trace(seconds[order], values["num_prompt_tokens"][keep][order],
                   values["num_output_tokens"][keep][order], ids[order], name=path.stem,
                   tenant=None if tenant is None else tenant[keep][order])
@@ -315,9 +315,9 @@ def _assemble(path: Path, fmt: str, raw: RawRows, values: dict, problems: list,
     return trace, report
 
 
-def _tenant_column(raw: RawRows) -> np.ndarray | None:
+def tenants_of(raw: RawRows) -> np.ndarray | None:
     """The tenant of each row, as text, from the first ``TENANT_COLUMNS`` column present."""
-    by_key = {_norm(k): k for k in raw.columns}
+    by_key = {norm_column_name(k): k for k in raw.columns}
     column = next((by_key[k] for k in TENANT_COLUMNS if k in by_key), None)
     if column is None:
         return None
@@ -327,7 +327,7 @@ def _tenant_column(raw: RawRows) -> np.ndarray | None:
                      for v in values], dtype=object)
 
 
-def _check_unique(path: Path, unit: str, ids: np.ndarray, lines: np.ndarray,
+def check_unique(path: Path, unit: str, ids: np.ndarray, lines: np.ndarray,
                   column: str | None) -> None:
     _, first, counts = np.unique(ids, return_index=True, return_counts=True)
     if np.any(counts > 1):

@@ -41,9 +41,9 @@ import numpy as np
 
 from traces.bundled import resolve_trace
 from traces.chunks import CHUNK_SIZE, RequestChunk, RequestSource, rechunk
-from traces.loaders import (FORMATS, TIME_UNITS, ColumnMapping, LoadReport, Tally,
-                            TraceFormatError, _check_unique, _norm, _tenant_column, detect_format,
-                            read_blocks, TENANT_COLUMNS)
+from traces.loaders import (FORMATS, TENANT_COLUMNS, TIME_UNITS, ColumnMapping, LoadReport,
+                            Tally, TraceFormatError, check_unique, detect_format,
+                            norm_column_name, read_blocks, tenants_of)
 from traces.shaping import ShapeReport, ShapeSpec
 
 #: rows a stream holds back to put rows out of arrival order in their place
@@ -119,7 +119,7 @@ def scan(spec: TraceStream) -> Scan:
         raise ValueError(f"{path}: no requests left to load ({tally.num_bad} bad rows, "
                          f"{tally.num_filtered} filtered out of {tally.num_rows})")
     if tally.spec.request_id:
-        _check_unique(path, counts["unit"], np.concatenate(counts["ids"]),
+        check_unique(path, counts["unit"], np.concatenate(counts["ids"]),
                       np.concatenate(counts["lines"]), tally.spec.request_id)
     notes = ("hash_ids checked but not carried (the Trace has no prefix-hash column)",) \
         if fmt == "mooncake" and "hash_ids" in tally.columns else ()
@@ -128,7 +128,7 @@ def scan(spec: TraceStream) -> Scan:
                         _origin_text(first, tally.spec), notes, tally.read_to_end)
     shaped = ShapeReport(num_in, num_windowed, num_in - num_windowed,
                          rate_scale=spec.shape.rate_scale)
-    by_key = {_norm(k): k for k in tally.columns}     # every column (JSON: every key) seen
+    by_key = {norm_column_name(k): k for k in tally.columns}   # every column (JSON: key) seen
     return Scan(n, report, shaped, next((by_key[k] for k in TENANT_COLUMNS if k in by_key),
                                         None))
 
@@ -185,7 +185,7 @@ def _kept(spec: TraceStream, path: Path, fmt: str, tally: Tally, tenant: str | N
         if tenant is not None:
             column = raw.columns.get(tenant)
             rows["tenant"] = (np.full(k, "", dtype=object) if column is None else
-                              _tenant_column(_only(raw, tenant))[keep])
+                              tenants_of(_only(raw, tenant))[keep])
         position += k
         if counts is not None and k:
             counts["unit"] = raw.unit
@@ -200,7 +200,7 @@ def _kept(spec: TraceStream, path: Path, fmt: str, tally: Tally, tenant: str | N
 
 
 def _only(raw, column: str):
-    """``raw`` with its columns cut to ``column`` (``_tenant_column`` reads the first tenant
+    """``raw`` with its columns cut to ``column`` (``tenants_of`` reads the first tenant
     column it finds; the stream names it once for the whole file)."""
     return replace(raw, columns={column: raw.columns[column]})
 

@@ -261,7 +261,7 @@ def format_report(r: dict) -> str:
         def span(key: str, fmt: str) -> str:
             return f"{min(spread[key]):{fmt}}-{max(spread[key]):{fmt}}"
 
-        lines.append(f"  each repeat's own         requests per bare event "
+        lines.append(f"  each repeat on its own   requests per bare event "
                      f"{span('requests_per_bare_event', '.4f')}, 10x "
                      f"{span('long_output_wall_ratio', '.2f')}x, at the same req/s "
                      f"{span('long_output_same_rate_wall_ratio', '.2f')}x")

@@ -118,7 +118,7 @@ def test_bench_reports_rates_and_ratios(capsys):
     assert report["num_requests"] == 2000 and report["repeats"] == 2
     spread = report["per_repeat"]                    # each repeat's own ratios
     assert all(len(v) == 2 and min(v) > 0 for v in spread.values())
-    assert "each repeat's own" in bench.format_report(report)
+    assert "each repeat on its own" in bench.format_report(report)
     assert report["requests_per_bare_event"] == pytest.approx(
         report["simulated_requests_per_s"] / report["bare_simpy_events_per_s"])
     assert report["long_output_wall_ratio"] == pytest.approx(

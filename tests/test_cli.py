@@ -118,6 +118,8 @@ def test_bench_reports_rates_and_ratios(capsys):
     assert report["num_requests"] == 2000 and report["repeats"] == 2
     spread = report["per_repeat"]                    # each repeat's own ratios
     assert all(len(v) == 2 and min(v) > 0 for v in spread.values())
+    assert min(spread["requests_per_bare_event"]) <= report[
+        "requests_per_bare_event_paired_median"] <= max(spread["requests_per_bare_event"])
     assert "each repeat on its own" in bench.format_report(report)
     assert report["requests_per_bare_event"] == pytest.approx(
         report["simulated_requests_per_s"] / report["bare_simpy_events_per_s"])

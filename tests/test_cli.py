@@ -1,6 +1,7 @@
 """The ``hawk`` command line, run in-process through ``sim.cli.main``."""
 
 import json
+import platform
 
 import pandas as pd
 import pytest
@@ -116,6 +117,7 @@ def test_bench_reports_rates_and_ratios(capsys):
     report = run_json(capsys, "bench", "--num-requests", "2000", "--rate", "0.5",
                       "--repeats", "2", "--memory-requests", "2000", "--json")
     assert report["num_requests"] == 2000 and report["repeats"] == 2
+    assert report["python"] == platform.python_version()      # the ratios depend on it
     spread = report["per_repeat"]                    # each repeat's own ratios
     assert all(len(v) == 2 and min(v) > 0 for v in spread.values())
     assert min(spread["requests_per_bare_event"]) <= report[

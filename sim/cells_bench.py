@@ -24,27 +24,36 @@ DEFAULT_NUM_REQUESTS = 200_000
 
 
 def run_once(num_requests: int, cells: int, workers: int, rate_per_cell: float,
-             seed: int = 0) -> dict:
+             seed: int = 0, stream: bool = False) -> dict:
     """One cells run in this process; wall time and peak memory (this process, its largest
-    worker process once they have ended)."""
-    from sim.cells import simulate_cells
+    worker process once they have ended). ``stream``: every cell streams
+    (``sim.cells_stream``: the parent merges aggregates, not records; no merge phase)."""
     from sim.config import RunConfig
 
     config = RunConfig().replace(**{"cells.count": cells, "cells.instances": "per-cell",
                                     "workload.num_requests": num_requests,
                                     "workload.rate": rate_per_cell * cells, "seed": seed})
-    result = simulate_cells(config, workers=workers)
+    if stream:
+        from sim.cells_stream import simulate_cells_streamed
+
+        result = simulate_cells_streamed(config, workers=workers)
+    else:
+        from sim.cells import simulate_cells
+
+        result = simulate_cells(config, workers=workers)
     from sim.bench import own_peak_rss_kb
 
     kb = 1024
     mine, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
                                                           resource.RUSAGE_CHILDREN))
-    return {"workers": workers, "num_requests": result.summary["num_requests"],
+    return {"workers": workers, "streamed": stream,
+            "num_requests": result.summary["num_requests"],
             "wall_time_s": result.timing["wall_time_s"],
             # CPU seconds of this process and its workers: on a machine busy with other work
             # the wall-time speed-up is capped by the CPU share the run gets
             "cpu_s": mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime,
-            **{k: result.timing[k] for k in ("split_s", "cells_s", "merge_s", "summary_s")},
+            **{k: result.timing.get(k, 0.0)         # (a streamed run merges no records)
+               for k in ("split_s", "cells_s", "merge_s", "summary_s")},
             "cells_cpu_s": sum(result.timing["cell_wall_time_s"]),
             "parent_peak_rss_mb": own_peak_rss_kb() * kb / 1e6,   # not its parent's
             # a forked worker's resident set counts the pages it shares with the parent
@@ -53,14 +62,14 @@ def run_once(num_requests: int, cells: int, workers: int, rate_per_cell: float,
 
 
 def run(num_requests: int = DEFAULT_NUM_REQUESTS, cells: int = 16, workers=(1, 2),
-        rate_per_cell: float = 0.5, seed: int = 0) -> dict:
+        rate_per_cell: float = 0.5, seed: int = 0, stream: bool = False) -> dict:
     """Each worker count in a fresh interpreter, in turn; the speed-up over the first."""
     runs = []
     for w in workers:
         out = subprocess.run(
             [sys.executable, "-m", "sim.cells_bench", "--one", "--num-requests",
              str(num_requests), "--cells", str(cells), "--workers", str(w), "--rate-per-cell",
-             str(rate_per_cell), "--seed", str(seed)],
+             str(rate_per_cell), "--seed", str(seed)] + (["--stream"] if stream else []),
             capture_output=True, text=True, check=False, env=_same_package_env())
         if out.returncode != 0:
             raise RuntimeError(f"the {w}-worker run failed:\n{out.stderr[-2000:]}")
@@ -69,7 +78,7 @@ def run(num_requests: int = DEFAULT_NUM_REQUESTS, cells: int = 16, workers=(1, 2
     for r in runs:
         r["speedup"] = base / r["wall_time_s"]
     return {"num_requests": num_requests, "cells": cells, "rate_per_cell": rate_per_cell,
-            "runs": runs}
+            "streamed": stream, "runs": runs}
 
 
 def _same_package_env() -> dict:
@@ -85,7 +94,8 @@ def _same_package_env() -> dict:
 
 def format_report(report: dict) -> str:
     lines = [f"{report['num_requests']:,} requests over {report['cells']} cells "
-             f"({report['rate_per_cell']:g} req/s per cell)",
+             f"({report['rate_per_cell']:g} req/s per cell"
+             f"{'; every cell streams' if report.get('streamed') else ''})",
              f"  {'workers':>7} {'wall s':>9} {'speed-up':>8} {'CPU s':>8} {'parent MB':>10} "
              f"{'worker MB':>10} {'attainment':>10}"]
     for r in report["runs"]:
@@ -106,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2", help="worker counts to time (default 1,2)")
     p.add_argument("--rate-per-cell", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stream", action="store_true",
+                   help="every cell streams its records (sim.cells_stream): the parent holds "
+                        "aggregates, not records")
     p.add_argument("--json", action="store_true")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)   # one run, as JSON
     args = p.parse_args(argv)
@@ -117,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--workers, --num-requests and --cells must be >= 1")
     if args.one:
         print(json.dumps(run_once(args.num_requests, args.cells, workers[0],
-                                  args.rate_per_cell, args.seed)))
+                                  args.rate_per_cell, args.seed, args.stream)))
         return 0
-    report = run(args.num_requests, args.cells, workers, args.rate_per_cell, args.seed)
+    report = run(args.num_requests, args.cells, workers, args.rate_per_cell, args.seed,
+                 args.stream)
     print(json.dumps(report) if args.json else format_report(report))
     return 0
 

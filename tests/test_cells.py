@@ -1,6 +1,8 @@
 """Cells: a cluster as independent router domains, run serially, on a pool or on Ray, with
 the same merged records and summary; the split rule; refusals and a failing cell."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -213,14 +215,28 @@ def test_the_cells_benchmark_times_each_worker_count_on_the_same_run(capsys):
 
     assert cells_bench.main(["--num-requests", "120", "--cells", "2", "--workers", "1,2",
                              "--json"]) == 0
-    import json
-
     report = json.loads(capsys.readouterr().out)
     one, two = report["runs"]
     assert (one["workers"], two["workers"]) == (1, 2) and one["speedup"] == 1.0
     assert two["speedup"] == pytest.approx(one["wall_time_s"] / two["wall_time_s"])
     assert one["num_requests"] == two["num_requests"] == 120
     assert one["slo_attainment"] == two["slo_attainment"]       # the same run, either way
+    assert not report["streamed"] and not one["streamed"]
+
+
+def test_the_cells_benchmark_streams_every_cell_when_asked(capsys):
+    from sim import cells_bench
+
+    args = ["--num-requests", "120", "--cells", "2", "--workers", "1", "--json"]
+    assert cells_bench.main(args) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert cells_bench.main(args + ["--stream"]) == 0
+    streamed = json.loads(capsys.readouterr().out)
+    assert streamed["streamed"] and streamed["runs"][0]["streamed"]
+    assert streamed["runs"][0]["merge_s"] == 0.0                 # aggregates, no records merged
+    # the same requests and outcomes: attainment is an exact count either way
+    assert streamed["runs"][0]["num_requests"] == whole["runs"][0]["num_requests"] == 120
+    assert streamed["runs"][0]["slo_attainment"] == whole["runs"][0]["slo_attainment"]
 
 
 def test_a_config_of_cells_is_refused_by_the_one_domain_simulate():

@@ -176,23 +176,17 @@ class PrefillInstance:
         saturation) is ``chunked_prefill``'s whole pick: as many of its remaining tokens as
         the budget allows, if its blocks fit; taken here without building the pick list. So
         is an empty pick: an unstarted head whose blocks don't fit (the policy stops there)."""
-        queue, done = self.queue, self.done
+        queue, prompt = self.queue, self.ledger.prompt
         i = queue[0]
-        if len(queue) != 1:
-            if i not in done:                     # an unstarted head: its blocks first
-                need = -(-self.ledger.prompt[i] // self.block_size)    # blocks_for
-                if need > self.free_blocks:       # the policy would pick nothing
-                    self._blocked_on = need
-                    return None
-            return self._take_general(now)        # (the head is in the pick)
-        computed = done.get(i, 0)
-        left = self.ledger.prompt[i] - computed
-        if not computed:                          # first chunk: its blocks must fit
-            need = -(-left // self.block_size)    # blocks_for
-            if need > self.free_blocks:
+        computed = self.done.get(i, 0)
+        if not computed:                          # an unstarted head: its blocks first
+            need = -(-prompt[i] // self.block_size)    # blocks_for
+            if need > self.free_blocks:           # the policy would pick nothing
                 self._blocked_on = need
                 return None
-        n = self.max_batch_tokens
+        if len(queue) != 1:
+            return self._take_general(now)        # (the head is in the pick)
+        left, n = prompt[i] - computed, self.max_batch_tokens
         return self._take_one(i, left if left < n else n, now)
 
     def _take_one(self, i: int, n: int, now: float) -> tuple:

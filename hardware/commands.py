@@ -1,4 +1,4 @@
-"""``hawk real ...``: the real-mode command group (registered by ``sim.cli`` when present)."""
+"""``hawk real ...``: the real-mode command group (registered by ``sim.commands.main`` when present)."""
 
 from __future__ import annotations
 

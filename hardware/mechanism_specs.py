@@ -3,7 +3,7 @@ compares HAWK against.
 
 Each entry says where the KV cache goes, which way it travels, what happens to its layout and
 which transfer plan of ``hardware.plans`` moves it. The simulator prices these entries
-(``sim.transfer``); the real path runs the ones marked ``real`` on actual bytes
+(``sim.models.transfer``); the real path runs the ones marked ``real`` on actual bytes
 (``hardware.mechanisms``, ``hardware.serve``).
 
 - ``GG-Host``: GPU -> host -> network -> host -> GPU (host staging, same layout).

@@ -29,7 +29,7 @@ chosen by ``[cluster.decode] admission``):
   is preempted. It needs the output length before it is generated, so no real engine can do
   it; it is kept to reproduce earlier results and for comparison.
 
-GN-Direct's single staging buffer (``sim.npu_memory.SingleBufferPool``) lays each request out
+GN-Direct's single staging buffer (``sim.engine.memory.SingleBufferPool``) lays each request out
 whole when its KV lands, so with it every policy reserves prompt + output (``oracle-reserve``).
 
 The functions here are pure: the simulator keeps the state and the clock.

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from sim.config import RunConfig
-from sim.predictor_table import TablePredictor
-from sim.transfer import TransferCost
+from sim.models.table import TablePredictor
+from sim.models.transfer import TransferCost
 from traces.trace import Trace
 
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import sim.cluster
+import sim.engine.cluster
 from hardware.kv_layout import blocks_for
 from policies.admission import (ADMISSION, DEFAULT_ADMISSION, pick_victim, reserve_tokens,
                                 steps_until_full)
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.config import ConfigError, RunConfig
-from sim.npu_memory import BlockPool, GrowingKV
-from sim.predictor_table import TablePredictor
+from sim.engine.memory import BlockPool, GrowingKV
+from sim.models.table import TablePredictor
 from traces.schema import write_records
 from tests.builders import FreeTransfer, make_config, random_trace
 
@@ -179,13 +179,13 @@ def test_restoring_a_preempted_request_prices_its_context(monkeypatch, admission
     computed by the next decode step), priced once per context (the instance memoises it).
     Swap: the whole context out, then back in."""
     calls = []
-    make = sim.cluster.restore_time
+    make = sim.engine.cluster.restore_time
 
     def spy(config, predictor):
         seconds = make(config, predictor)
         return lambda tokens, how: calls.append((tokens, how)) or seconds(tokens, how)
 
-    monkeypatch.setattr(sim.cluster, "restore_time", spy)
+    monkeypatch.setattr(sim.engine.cluster, "restore_time", spy)
     result = table_run(**{"cluster.decode.admission": admission,
                           "cluster.decode.max_num_blocks": 150})
     preemptions = result.stats["decode_preemptions"][0]

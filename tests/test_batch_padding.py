@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim.cluster import make_predictor, simulate
+from sim.engine.cluster import make_predictor, simulate
 from sim.config import ConfigError, from_dict
-from sim.predictor_table import TablePredictor
-from sim.profile_dir import load_profile_dir
+from sim.models.table import TablePredictor
+from sim.models.profile_dir import load_profile_dir
 from tests.builders import make_config, random_trace
 from traces.trace import Trace
 from tests.test_profile_dir import PREFILL_TOKENS, TRUE_TRANSFER, make_profile_dir, \
@@ -123,7 +123,7 @@ def test_loop_factors_are_median_ratios_and_scale_the_run(tmp_path):
     assert rec.transfer_end_at - rec.transfer_start_at == pytest.approx(
         4 * (fixed + 100 * 2048 / (gb_s * 1e9)), rel=1e-9)
     other = from_dict({"cluster": {"profile": str(prof), "link": {"mechanism": "GG-Direct"}}})
-    from sim.measured import measured_parts
+    from sim.engine.measured import measured_parts
     assert measured_parts(other).pricing.factor == 1.0   # the session ran GN-HAWK only
 
 

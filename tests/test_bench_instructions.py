@@ -1,10 +1,10 @@
-"""sim.bench_instructions: callgrind instruction counts of the simulator and of bare SimPy."""
+"""sim.bench.instructions: callgrind instruction counts of the simulator and of bare SimPy."""
 
 import shutil
 
 import pytest
 
-from sim import bench_instructions as bi
+from sim.bench import instructions as bi
 
 
 def test_without_valgrind_one_line_names_it(monkeypatch, capsys):

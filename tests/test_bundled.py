@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sim.cli import main
+from sim.commands.main import main
 from traces.bundled import LENGTH_TABLES, TRACES, data_dir, data_path, resolve_trace
 from traces.loaders import load_trace
 

@@ -1,4 +1,4 @@
-"""hawk calibrate --profile DIR (sim/calibrate_measured.py): a profile sampled from a known
+"""hawk calibrate --profile DIR (sim/validation/fit_profile.py): a profile sampled from a known
 roofline and known transfer lines gives those parameters back; what the data cannot determine
 is said; the fitted TOML loads as a profile; too few points are refused."""
 
@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from sim.calibrate_measured import ROOFLINE, calibrate_profile, rms, write_toml
-from sim.cli import main as hawk
+from sim.validation.fit_profile import ROOFLINE, calibrate_profile, rms, write_toml
+from sim.commands.main import main as hawk
 from sim.config import ConfigError
-from sim.predictor import load_profile, load_profile_table
+from sim.models.predictor import load_profile, load_profile_table
 from tests.test_profile_dir import TRUE_EFFICIENCY, TRUE_TRANSFER, make_profile_dir, roofline
 
 #: known factors away from every starting point (0.3, 1 ms), so a fit that stays put fails
@@ -40,7 +40,7 @@ def test_a_term_that_never_binds_is_reported(fitted):
     """Prefill of the tiny model is compute-bound at every sampled size: its memory
     efficiency leaves no trace in the data, so it is reported undetermined, and any larger
     value predicts the same times."""
-    from sim.calibrate_measured import _roofline_residuals
+    from sim.validation.fit_profile import _roofline_residuals
 
     fit = fitted["roofline"]
     assert fit["undetermined"] == ["prefill_memory_efficiency"]
@@ -60,7 +60,7 @@ def test_transfer_lines_are_recovered(fitted):
 def test_noisy_tables_fit_within_their_noise(tmp_path):
     """5% multiplicative noise on every point: the fit explains the data at least as well as
     the true parameters do (least squares), and no better than the noise allows."""
-    from sim.calibrate_measured import _roofline_residuals
+    from sim.validation.fit_profile import _roofline_residuals
 
     prof = make_profile_dir(tmp_path / "p", roofline(KNOWN))
     rng = np.random.default_rng(1)
@@ -83,7 +83,7 @@ def test_noisy_tables_fit_within_their_noise(tmp_path):
 def test_fitted_toml_loads_as_a_profile(fitted, tmp_path):
     """Written for p150a, the fit times the catalog's p150a in a run of the paper scenario;
     every other table is the paper profile's."""
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
     from sim.config import RunConfig
 
     out = tmp_path / "fit.toml"

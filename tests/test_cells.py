@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.cells import (CellError, cell_of, cell_seed, instances_per_cell, simulate_cells,
+from sim.runs.cells.run import (CellError, cell_of, cell_seed, instances_per_cell, simulate_cells,
                        split_trace)
-from sim.cells_summary import summarize_file
-from sim.cli import main
-from sim.cluster import simulate
+from sim.runs.cells.summary import summarize_file
+from sim.commands.main import main
+from sim.engine.cluster import simulate
 from sim.config import ConfigError, RunConfig
 from tests.builders import make_trace, random_trace
 from traces import metrics
@@ -211,7 +211,7 @@ def test_cells_without_requests_count_as_idle_instances():
 
 
 def test_the_cells_benchmark_times_each_worker_count_on_the_same_run(capsys):
-    from sim import cells_bench
+    from sim.bench import cells as cells_bench
 
     assert cells_bench.main(["--num-requests", "120", "--cells", "2", "--workers", "1,2",
                              "--json"]) == 0
@@ -225,7 +225,7 @@ def test_the_cells_benchmark_times_each_worker_count_on_the_same_run(capsys):
 
 
 def test_the_cells_benchmark_streams_every_cell_when_asked(capsys):
-    from sim import cells_bench
+    from sim.bench import cells as cells_bench
 
     args = ["--num-requests", "120", "--cells", "2", "--workers", "1", "--json"]
     assert cells_bench.main(args) == 0

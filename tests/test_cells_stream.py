@@ -1,4 +1,4 @@
-"""Cells that stream (sim.cells_stream): each cell writes its own part of the records dataset,
+"""Cells that stream (sim.runs.cells.stream): each cell writes its own part of the records dataset,
 the parent merges the cells' aggregates; the records are the in-memory cells run's, counts
 exact and percentiles within the sketches' bound."""
 
@@ -7,12 +7,12 @@ import json
 import pandas as pd
 import pytest
 
-import sim.cells
-from sim.cells import CellError, cell_of, simulate_cells
-from sim.cells_stream import simulate_cells_streamed
-from sim.cli import main
+import sim.runs.cells.run
+from sim.runs.cells.run import CellError, cell_of, simulate_cells
+from sim.runs.cells.stream import simulate_cells_streamed
+from sim.commands.main import main
 from sim.config import RunConfig
-from sim.stream import Stream
+from sim.engine.stream import Stream
 from tests.builders import assert_sketched_percentiles
 from tests.test_cells import _lopsided_trace
 from traces.jsonout import dumps
@@ -42,7 +42,7 @@ def run(config, tmp_path, name, requests=None, stream=SMALL, **kw):
 
 def test_streamed_cells_write_the_in_memory_cells_records(tmp_path, monkeypatch):
     exact, expected = run(CELLS3, tmp_path, "memory", stream=None, workers=1)
-    monkeypatch.setattr(sim.cells, "merge_records", None)       # the parent merges no records
+    monkeypatch.setattr(sim.runs.cells.run, "merge_records", None)       # the parent merges no records
     streamed, records = run(CELLS3, tmp_path, "stream", workers=1)
     pd.testing.assert_frame_equal(records, expected)
     parts = sorted(p.name for p in (tmp_path / "stream" / "records.parquet").iterdir())

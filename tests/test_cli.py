@@ -1,4 +1,4 @@
-"""The ``hawk`` command line, run in-process through ``sim.cli.main``."""
+"""The ``hawk`` command line, run in-process through ``sim.commands.main.main``."""
 
 import json
 import platform
@@ -6,8 +6,8 @@ import platform
 import pandas as pd
 import pytest
 
-from sim import bench
-from sim.cli import main
+from sim.bench import speed as bench
+from sim.commands.main import main
 
 SUMMARY_KEYS = {"num_requests", "num_finished", "num_failed", "slo_attainment", "ttft_p50_s",
                 "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
@@ -70,14 +70,14 @@ def test_sweep_reports_a_knee(capsys):
 @pytest.mark.parametrize("text,expected", [("0.1:0.3:0.1", [0.1, 0.2, 0.3]),
                                            ("1,2", [1.0, 2.0])])
 def test_rate_grids(text, expected):
-    from sim.sweep import parse_rates
+    from sim.runs.sweep import parse_rates
 
     assert parse_rates(text) == pytest.approx(expected)
 
 
 def test_rate_grid_errors_name_the_flag():
     from sim.config import ConfigError
-    from sim.sweep import parse_rates
+    from sim.runs.sweep import parse_rates
 
     with pytest.raises(ConfigError, match="--rates"):
         parse_rates("1:0:0.1")

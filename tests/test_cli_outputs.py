@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from sim.commands.main import main
 from traces.jsonout import dumps, jsonable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,11 +63,11 @@ def test_sweep_json_is_strict_when_no_rate_reaches_the_target(capsys):
 @pytest.fixture
 def no_simulation(monkeypatch):
     """Fail the test if a simulation starts."""
-    import sim.cluster
+    import sim.engine.cluster
 
     def refuse(*args, **kwargs):
         raise AssertionError("the run started before --out was checked")
-    monkeypatch.setattr(sim.cluster, "simulate", refuse)
+    monkeypatch.setattr(sim.engine.cluster, "simulate", refuse)
 
 
 def test_unwritable_out_is_refused_before_the_run(tmp_path, capsys, no_simulation):
@@ -87,9 +87,9 @@ def test_unwritable_sweep_plot_is_refused_before_the_run(tmp_path, capsys, no_si
 
 
 def test_unwritable_paper_out_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
-    import sim.paper
+    import sim.paper.experiments
 
-    monkeypatch.setattr(sim.paper, "run_paper", lambda **kw: pytest.fail("paper run started"))
+    monkeypatch.setattr(sim.paper.experiments, "run_paper", lambda **kw: pytest.fail("paper run started"))
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     assert main(["paper", "--quick", "--out", str(blocker / "report")]) == 2
@@ -114,7 +114,7 @@ def test_closed_stdout_exits_quietly_with_status_0():
     read_end, write_end = os.pipe()
     os.close(read_end)            # the reader is gone before anything is written (| head -0)
     try:
-        done = subprocess.run([sys.executable, "-m", "sim.cli", "simulate", "--num-requests",
+        done = subprocess.run([sys.executable, "-m", "sim.commands.main", "simulate", "--num-requests",
                                "20"], stdout=write_end, stderr=subprocess.PIPE, cwd=REPO,
                               timeout=300)
     finally:
@@ -159,11 +159,11 @@ def test_sweep_says_when_the_knee_is_beyond_the_swept_range(capsys):
 
 
 def test_sweep_text_names_failure_reasons(capsys, monkeypatch):
-    import sim.sweep
+    import sim.runs.sweep
 
     points = _points([[1.0, 0.5]], [1, 2])
     points[1].summary["statuses"] = {"ok": 8, "failed_out_of_memory": 2}
-    monkeypatch.setattr(sim.sweep, "sweep", lambda *a, **k: points)
+    monkeypatch.setattr(sim.runs.sweep, "sweep", lambda *a, **k: points)
     assert main(["sweep", "--rates", "1,2", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert ("failures over the sweep: failed_out_of_memory: 2 (decode side could not "
@@ -171,7 +171,7 @@ def test_sweep_text_names_failure_reasons(capsys, monkeypatch):
 
 
 def _points(attainments_by_seed, rates):
-    from sim.sweep import SweepPoint
+    from sim.runs.sweep import SweepPoint
 
     return [SweepPoint(rate, seed, {"slo_attainment": a, "ttft_p90_s": 1.0, "tpot_p90_s": 0.1,
                                     "output_tokens_per_s": rate, "num_failed": 0,
@@ -181,7 +181,7 @@ def _points(attainments_by_seed, rates):
 
 
 def test_sweep_plot_marks_the_knee_and_its_spread_across_seeds():
-    from sim.sweep import describe_knee, summarize_sweep, sweep_figure
+    from sim.runs.sweep import describe_knee, summarize_sweep, sweep_figure
 
     summary = summarize_sweep(_points([[1.0, 0.95, 0.92, 0.5], [1.0, 0.95, 0.88, 0.4],
                                        [1.0, 0.93, 0.91, 0.91]], [1, 2, 3, 4]))
@@ -199,7 +199,7 @@ def test_sweep_plot_marks_the_knee_and_its_spread_across_seeds():
 
 
 def test_sweep_plot_points_past_the_range_when_the_knee_is_beyond_it():
-    from sim.sweep import summarize_sweep, sweep_figure
+    from sim.runs.sweep import summarize_sweep, sweep_figure
 
     summary = summarize_sweep(_points([[1.0, 0.99]], [1, 2]))
     assert summary["knee_beyond_range"]

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim import compare as cmp
-from sim.cli import main
+from sim.runs import compare as cmp
+from sim.commands.main import main
 from sim.config import ConfigError, RunConfig
 from traces.synthetic import bursty_customers
 

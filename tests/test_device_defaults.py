@@ -6,8 +6,8 @@ import json
 import pytest
 
 from hardware import catalog
-from sim.cli import main
-from sim.cluster import simulate
+from sim.commands.main import main
+from sim.engine.cluster import simulate
 from sim.config import SCENARIO, ConfigError, RunConfig, from_dict, load_config, provenance
 
 DEVICE_KEYS = ("weight_format", "kv_dtype", "block_size", "max_batch_size",
@@ -69,7 +69,7 @@ def test_the_default_scenario_resolves_to_the_paper_settings():
                        kv_dtype="bfloat8_b", weight_format="tt-mixed", max_num_blocks=2048,
                        memory_utilization=0.9)}})
     assert cl == explicit.cluster
-    from sim.paper import serving_config      # hawk paper's GN-HAWK Chatbot configuration
+    from sim.paper.experiments import serving_config      # hawk paper's GN-HAWK Chatbot configuration
 
     assert cl == serving_config("GN-HAWK").cluster
     a = simulate(RunConfig().replace(**{"workload.num_requests": 150})).records

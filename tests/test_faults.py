@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-import sim.cluster
-from sim.cluster import simulate
+import sim.engine.cluster
+from sim.engine.cluster import simulate
 from sim.config import ConfigError
 from traces.schema import write_records
 from tests.builders import make_config, random_trace
@@ -26,8 +26,8 @@ def run(num_requests=200, rate=1.5, trace_seed=1, **changes):
 def test_every_request_ends_once_and_every_buffer_is_freed(seed, p, retries, decodes, loss_at,
                                                            reroute, down):
     made = []                                   # the prefill instances, to check their buffers
-    base = sim.cluster.PrefillInstance
-    sim.cluster.PrefillInstance = lambda *a, **k: made.append(base(*a, **k)) or made[-1]
+    base = sim.engine.cluster.PrefillInstance
+    sim.engine.cluster.PrefillInstance = lambda *a, **k: made.append(base(*a, **k)) or made[-1]
     try:
         result = run(trace_seed=seed, **{
             "seed": seed, "cluster.decode.num_instances": decodes,
@@ -37,7 +37,7 @@ def test_every_request_ends_once_and_every_buffer_is_freed(seed, p, retries, dec
             "faults.instance_loss": [] if loss_at is None else [[decodes - 1, loss_at]],
             "faults.on_instance_loss": "reroute" if reroute else "fail"})
     finally:
-        sim.cluster.PrefillInstance = base
+        sim.engine.cluster.PrefillInstance = base
     records = result.records
     allowed = {"ok", "failed_transfer", "failed_instance_lost"}
     assert set(records["status"]) <= allowed                   # and frame() checked: one each

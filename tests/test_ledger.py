@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from sim.ledger import Ledger
+from sim.engine.ledger import Ledger
 from tests.builders import make_trace
 from traces.schema import Status
 

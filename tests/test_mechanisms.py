@@ -76,7 +76,7 @@ def test_unknown_mechanism_is_refused():
 def test_transfer_bench_json_across_processes():
     pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda not "
                                                   "installed (pip install -e '.[transfer]')")
-    cmd = [sys.executable, "-c", "import sys; from sim.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", "import sys; from sim.commands.main import main; sys.exit(main())",
            "real", "transfer-bench", "--sizes", "1,2", "--repeats", "1", "--json",
            "--num-layers", "2"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)

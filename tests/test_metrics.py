@@ -45,7 +45,7 @@ def test_knee_is_the_highest_rate_meeting_the_target():
 
 
 def test_sweep_summary_knee_of_means_and_of_each_seed():
-    from sim.sweep import SweepPoint, summarize_sweep
+    from sim.runs.sweep import SweepPoint, summarize_sweep
 
     summary = {0: [1.0, 0.95, 0.91, 0.5], 1: [1.0, 0.89, 0.93, 0.7]}
     points = [SweepPoint(rate, seed, {"slo_attainment": att[k], "ttft_p90_s": 1.0,

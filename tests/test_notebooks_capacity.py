@@ -32,9 +32,9 @@ def test_decode_options_differ_where_hardware_does_and_binding_is_named():
     """Behind a prefill tier that does not bind, one and two p150a instances and a 4x A100
     instance reach different knees, each with a named binding; behind the paper's single
     prefill instance, prefill binds."""
-    from sim.paper import serving_config
-    from sim.report import what_binds
-    from sim.sweep import summarize_sweep, sweep
+    from sim.paper.experiments import serving_config
+    from sim.paper.report import what_binds
+    from sim.runs.sweep import summarize_sweep, sweep
     from traces.workloads import WORKLOADS
 
     rates = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0]

@@ -5,7 +5,7 @@ import heapq
 import numpy as np
 import pytest
 
-from sim.npu_memory import BlockPool, HawkPool, SingleBufferPool, make_pool
+from sim.engine.memory import BlockPool, HawkPool, SingleBufferPool, make_pool
 from traces.workloads import sample_lengths
 
 #: raw fp8 KV per token over one bank-slot of bfloat8_b blocks (32 tokens, 8 banks)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sim import paper
-from sim.report import comparison_rows, write_report
+from sim.paper import experiments as paper
+from sim.paper.report import comparison_rows, write_report
 
 CONFIGS = ("GG-Host", "GN-Host", "GG-Direct", "GN-HAWK", "GGH-Direct")
 
@@ -19,7 +19,7 @@ def result():
 
 
 def test_json_has_every_key(result, tmp_path, capsys):
-    from sim.cli import main
+    from sim.commands.main import main
 
     assert main(["paper", "--quick", "--json", "--out", str(tmp_path)]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -40,9 +40,9 @@ def test_json_has_every_key(result, tmp_path, capsys):
 def test_devices_check_puts_published_figures_beside_the_model(capsys):
     """hawk devices --check: every row has the model's value, the published one and its
     source; none of these figures is a fit target."""
-    from sim.calibrate import paper_targets
-    from sim.cli import main
-    from sim.devices_check import check
+    from sim.paper.calibrate import paper_targets
+    from sim.commands.main import main
+    from sim.paper.devices_check import check
 
     rows = check("paper")
     assert {r["device"] for r in rows} == {"p150a", "a100-pcie"}
@@ -102,7 +102,7 @@ def test_checks_cover_every_claim_and_fitted_targets_hold(result):
     assert "chatbot Table 8 cost_ratio" in rows and rows["chatbot Table 8 cost_ratio"]["fitted"]
     # the transfer and Table 1 values do not depend on sweep settings: on quick settings they
     # are the fit's own (closed form), and each check holds exactly when its residual is < 1
-    from sim.calibrate import load_fit_record
+    from sim.paper.calibrate import load_fit_record
 
     record = load_fit_record("paper")["targets"]
     for what, r in rows.items():
@@ -112,7 +112,7 @@ def test_checks_cover_every_claim_and_fitted_targets_hold(result):
 
 
 def test_checks_fail_when_the_numbers_do(result):
-    from sim.paper_checks import checks
+    from sim.paper.checks import checks
 
     bent = copy.deepcopy(result)
     bent["knees"]["chatbot"].update({"GG-Host": 0.6, "GN-Host": 0.3})
@@ -138,7 +138,7 @@ def test_notebook_executes():
     assert len(images) == 2
 
 
-# -- the fit (sim/calibrate.py): machinery on a tiny synthetic target set ----------------
+# -- the fit (sim/paper/calibrate.py): machinery on a tiny synthetic target set ----------------
 def _line_model(values):
     """Targets of a known two-parameter model: y = a x + b at x = 0..4."""
     a, b = values["t.a"], values["t.b"]
@@ -146,7 +146,7 @@ def _line_model(values):
 
 
 def _synthetic():
-    from sim.calibrate import Parameter, Target
+    from sim.paper.calibrate import Parameter, Target
 
     params = (Parameter("t", "a", 1.0, 0.1, 10.0), Parameter("t", "b", 1.0, 0.1, 10.0))
     truth = _line_model({"t.a": 2.0, "t.b": 3.0})
@@ -154,7 +154,7 @@ def _synthetic():
 
 
 def test_fit_recovers_known_parameters_and_reports_loo():
-    from sim.calibrate import fit
+    from sim.paper.calibrate import fit
 
     params, targets = _synthetic()
     result = fit(params, targets, _line_model, max_nfev=50)
@@ -169,7 +169,7 @@ def test_fit_recovers_known_parameters_and_reports_loo():
 def test_loo_exposes_a_target_the_others_cannot_predict():
     """One target off the line: it is fitted poorly and, left out, predicted by the line
     through the others, so its LOO error exceeds its in-fit residual."""
-    from sim.calibrate import Target, fit
+    from sim.paper.calibrate import Target, fit
 
     params, targets = _synthetic()
     targets[-1] = Target(targets[-1].name, "ratio", targets[-1].paper * 1.5)
@@ -182,7 +182,7 @@ def test_loo_is_a_refit_without_the_target():
     """Left out, the off-line target is predicted by a fit to the other four, which lie on the
     line exactly: the refit recovers a = 2, b = 3 and predicts y4 = 11, whatever the full
     fit's compromise was. Serial and parallel refits give the same values."""
-    from sim.calibrate import Target, fit
+    from sim.paper.calibrate import Target, fit
 
     params, targets = _synthetic()
     targets[-1] = Target(targets[-1].name, "ratio", 11.0 * 1.5)
@@ -200,7 +200,7 @@ def _seeded_model(values, seed=0):
 
 
 def test_noise_is_each_targets_spread_over_seeds():
-    from sim.calibrate import Target, noise
+    from sim.paper.calibrate import Target, noise
 
     targets = [Target("k", "knee", 0.5), Target("r", "ratio", 2.0), Target("n", "knee", math.nan)]
     out = noise({"t.a": 1.0}, _seeded_model, targets, seeds=(0, 1, 2, 3, 4))
@@ -212,9 +212,9 @@ def test_fit_sweeps_are_reused_only_where_the_simulation_reads_nothing_that_chan
     """The fit's sweep memo is keyed by what a simulation reads: a new A100 price or p150a
     power reuses every timeline, a p150a efficiency only the GPU-decode ones; an A100
     efficiency or a transfer cost none."""
-    from sim import paper
-    from sim.calibrate import _simulation_key, render
-    from sim.predictor import load_profile_table
+    from sim.paper import experiments as paper
+    from sim.paper.calibrate import _simulation_key, render
+    from sim.models.predictor import load_profile_table
 
     template = (Path(__file__).resolve().parents[1] / "sim" / "profiles" / "paper.toml").read_text()
 
@@ -239,7 +239,7 @@ def test_fit_sweeps_are_reused_only_where_the_simulation_reads_nothing_that_chan
 
 
 def test_fit_refuses_as_many_parameters_as_targets():
-    from sim.calibrate import fit
+    from sim.paper.calibrate import fit
 
     params, targets = _synthetic()
     with pytest.raises(ValueError, match="fewer parameters than targets"):
@@ -247,7 +247,7 @@ def test_fit_refuses_as_many_parameters_as_targets():
 
 
 def test_render_sets_values_and_keeps_comments():
-    from sim.calibrate import render
+    from sim.paper.calibrate import render
 
     template = "[a]\nx = 1.0   # the x\ny = 2\n\n[b]\nx = 5.0 # other table\n"
     out = render(template, {"a.x": 0.25, "b.x": 7})
@@ -259,7 +259,7 @@ def test_render_sets_values_and_keeps_comments():
 def test_committed_profile_is_the_fit_output():
     """sim/profiles/paper.toml holds exactly the fitted values of its fit record, every free
     parameter inside its bounds, with clearly fewer parameters than targets."""
-    from sim.calibrate import PARAMETERS, load_fit_record, paper_targets, render, with_derived
+    from sim.paper.calibrate import PARAMETERS, load_fit_record, paper_targets, render, with_derived
 
     record = load_fit_record("paper")
     assert record["free_parameters"] == len(PARAMETERS)
@@ -273,14 +273,14 @@ def test_committed_profile_is_the_fit_output():
         assert {"paper", "residual", "loo_value", "loo_error", "loo_residual",
                 "noise"} <= set(t), name
     assert record["loo_evaluations"] > 0 and "warm-started" in record["method"]
-    from sim.calibrate import FIT_REQUESTS, LOO_NFEV    # the default command's output
+    from sim.paper.calibrate import FIT_REQUESTS, LOO_NFEV    # the default command's output
     assert record["settings"]["loo_nfev"] == LOO_NFEV
     assert record["settings"]["fit_requests"] == FIT_REQUESTS
 
 
 def test_paper_json_reports_the_fit(result):
     assert result["free_parameters"] < result["num_targets"]
-    names = {t.name for t in __import__("sim.calibrate", fromlist=["x"]).paper_targets()}
+    names = {t.name for t in __import__("sim.paper.calibrate", fromlist=["x"]).paper_targets()}
     assert set(result["residuals"]) == names == set(result["loo"])
     rows = {r["check"]: r for r in result["checks"]}
     assert rows["summarization knee GN-HAWK"]["fitted"]
@@ -299,7 +299,7 @@ def test_paper_json_reports_the_fit(result):
 
 
 def test_interpolated_knee_and_scaled_residuals():
-    from sim.calibrate import Target, interpolated_knee, residual
+    from sim.paper.calibrate import Target, interpolated_knee, residual
 
     assert interpolated_knee([0.2, 0.4, 0.6], [1.0, 0.95, 0.85]) == pytest.approx(0.5)
     assert math.isnan(interpolated_knee([0.2, 0.4], [0.5, 0.4]))     # never reaches 90%
@@ -311,7 +311,7 @@ def test_interpolated_knee_and_scaled_residuals():
 
 
 def test_calibrate_refuses_an_unknown_target_set(capsys):
-    from sim.cli import main
+    from sim.commands.main import main
 
     assert main(["calibrate", "--targets", "chatbot-only"]) != 0
     assert "the one target set is 'paper'" in capsys.readouterr().err

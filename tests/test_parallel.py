@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from sim import compare as cmp
+from sim.runs import compare as cmp
 from sim.config import RunConfig
-from sim.sweep import run_parallel, sweep
+from sim.runs.sweep import run_parallel, sweep
 from traces.jsonout import dumps
 
 CONFIG = RunConfig().replace(**{"workload.num_requests": 80})

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from sim import plan as pl
-from sim.cli import main
-from sim.cluster import simulate
+from sim.runs import capacity as pl
+from sim.commands.main import main
+from sim.engine.cluster import simulate
 from sim.config import ConfigError, RunConfig
-from sim.cost import SECONDS_PER_YEAR, capex_usd
+from sim.models.cost import SECONDS_PER_YEAR, capex_usd
 
 SMALL = pl.Space(prefill_devices=("a100-pcie",), decode_devices=("p150a",), tps=(4,),
                  mechanisms=("GN-HAWK",), max_instances=3, max_candidates=4, max_knees=2)
@@ -19,7 +19,7 @@ SMALL = pl.Space(prefill_devices=("a100-pcie",), decode_devices=("p150a",), tps=
 def test_capital_counts_devices_hosts_and_nics_over_the_amortisation():
     config = RunConfig()          # 4x A100 PCIe prefill, 4x p150a decode, one instance each
     costs = pl.load_costs()
-    devices = capex_usd(config)             # the devices' prices (sim.cost)
+    devices = capex_usd(config)             # the devices' prices (sim.models.cost)
     rest = 2 * costs.host["price_usd"] + 2 * costs.nic["price_usd"]   # one host, NIC each
     assert pl.capital_usd_per_s(config, costs) == pytest.approx(
         (devices + rest) / (costs.amortisation_years * SECONDS_PER_YEAR))
@@ -98,12 +98,12 @@ def test_cli_json_names_the_cheapest_with_its_knee_and_cost(tmp_path, capsys):
 
 
 def test_a_candidate_that_cannot_be_simulated_is_reported_not_fatal(monkeypatch):
-    import sim.cluster
+    import sim.engine.cluster
 
     def broken(config, *args, **kwargs):
         raise RuntimeError(f"no model for {config.cluster.link.mechanism}")
 
-    monkeypatch.setattr(sim.cluster, "simulate", broken)
+    monkeypatch.setattr(sim.engine.cluster, "simulate", broken)
     result = pl.plan(RunConfig().replace(**{"workload.num_requests": 50}), 0.5, 0.9, SMALL,
                      workers=1, progress=False)
     assert result["cheapest"] is None and result["frontier"] == []

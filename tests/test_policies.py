@@ -137,7 +137,7 @@ def test_selector_by_name_by_dash_name_and_by_import_path():
                                                              "chunked")] + [
     {"cluster.policies.fairness": "weighted_fair"}])
 def test_every_policy_serves_every_request_in_a_run(changes):
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
 
     config = RunConfig().replace(**{"cluster.prefill.num_instances": 3,
                                     "cluster.prefill.max_batch_tokens": 2048,
@@ -152,7 +152,7 @@ def test_every_policy_serves_every_request_in_a_run(changes):
 
 
 def test_policies_that_change_the_order_change_the_run_and_fcfs_is_the_fast_path():
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
     from traces.trace import Trace
 
     # request 0 is prefilled alone; 1 (long) and 2 (short) arrive while it runs
@@ -173,7 +173,7 @@ def test_policies_that_change_the_order_change_the_run_and_fcfs_is_the_fast_path
 
 
 def test_fair_sharing_shields_the_quiet_customers_from_a_burst():
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
     from traces.synthetic import bursty_customers
 
     trace = bursty_customers(rate=4.0, duration_s=300, seed=3)   # well past the knee
@@ -192,7 +192,7 @@ def test_fair_sharing_shields_the_quiet_customers_from_a_burst():
 def test_policy_flags_set_the_config_under_each_kinds_own_names(capsys):
     import json
 
-    from sim.cli import main
+    from sim.commands.main import main
 
     assert main(["simulate", "--show-config", "--json", "--policy", "routing=least-work",
                  "--policy", "prefill_batching=chunked", "--policy",

@@ -5,9 +5,9 @@ import math
 import pytest
 
 from sim.config import RunConfig
-from sim.cost import (capital_usd_per_s, capex_usd, device_price, run_cost,
+from sim.models.cost import (capital_usd_per_s, capex_usd, device_price, run_cost,
                       tokens_per_s_per_dollar)
-from sim.power import PowerModel, device_energy_j, power_model, run_energy
+from sim.models.power import PowerModel, device_energy_j, power_model, run_energy
 
 PROFILE = {
     "power": {
@@ -72,7 +72,7 @@ def test_errors_name_the_bad_value():
 
 
 def test_paper_profile_has_power_and_price_for_its_devices():
-    from sim.predictor import load_profile_table
+    from sim.models.predictor import load_profile_table
 
     table = load_profile_table("paper")
     for device in ("a100-pcie", "p150a", "h100-pcie"):
@@ -82,7 +82,7 @@ def test_paper_profile_has_power_and_price_for_its_devices():
 
 def test_prices_come_from_the_catalog_unless_the_profile_overrides():
     from hardware import catalog
-    from sim.cost import device_price
+    from sim.models.cost import device_price
 
     assert device_price({}, "h200") == catalog.device("h200").price_usd == 35000.0
     assert device_price({"price": {"h200": 1.0}}, "h200") == 1.0
@@ -93,8 +93,8 @@ def test_prices_come_from_the_catalog_unless_the_profile_overrides():
 
 def test_the_paper_profile_lists_only_prices_it_assumes_differently():
     from hardware import catalog
-    from sim.cost import device_price
-    from sim.predictor import load_profile_table
+    from sim.models.cost import device_price
+    from sim.models.predictor import load_profile_table
 
     table = load_profile_table("paper")
     assert set(table["price"]) == {"a100-pcie"}                 # fitted by hawk calibrate
@@ -110,7 +110,7 @@ def test_phase_power_cannot_exceed_the_catalog_board_power():
                                          r"300 W board power of the catalog's NVIDIA A100 PCIe"):
         power_model(over, "a100-pcie")
     from hardware import catalog
-    from sim.predictor import load_profile_table
+    from sim.models.predictor import load_profile_table
 
     table = load_profile_table("paper")
     for dev in catalog.devices():
@@ -118,9 +118,9 @@ def test_phase_power_cannot_exceed_the_catalog_board_power():
 
 
 def test_the_paper_serving_settings_match_the_device_rules():
-    """paper.toml [serving] restates device defaults for sim/paper.py; they may not drift."""
+    """paper.toml [serving] restates device defaults for sim/paper/experiments.py; they may not drift."""
     from hardware import catalog
-    from sim.predictor import load_profile_table
+    from sim.models.predictor import load_profile_table
 
     s = load_profile_table("paper")["serving"]
     gpu, npu = catalog.device("a100-pcie").serving, catalog.device("p150a").serving

@@ -3,9 +3,9 @@
 import numpy as np
 
 from hardware import catalog
-from sim.cluster import make_predictor
+from sim.engine.cluster import make_predictor
 from sim.config import RunConfig
-from sim.predictor import RooflinePredictor, load_profile
+from sim.models.predictor import RooflinePredictor, load_profile
 
 
 def predictors():

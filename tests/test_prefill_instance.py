@@ -9,9 +9,9 @@ import simpy
 
 from policies.batching import chunked_prefill
 from policies.fairness import WeightedFair
-from sim.cluster import simulate
-from sim.ledger import Ledger
-from sim.prefill import PrefillInstance
+from sim.engine.cluster import simulate
+from sim.engine.ledger import Ledger
+from sim.engine.prefill import PrefillInstance
 from tests.builders import make_config, make_trace
 
 
@@ -128,7 +128,7 @@ def test_chunked_runs_match_with_and_without_a_fairness_policy():
 @pytest.mark.parametrize("tp", [1, 2])
 def test_roofline_prefill_time_of_a_batch_is_its_closed_form(tp):
     from hardware import catalog
-    from sim.predictor import RooflinePredictor, load_profile
+    from sim.models.predictor import RooflinePredictor, load_profile
 
     config = make_config()
     model, device = catalog.model(config.cluster.model), config.cluster.prefill.device

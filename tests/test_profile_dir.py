@@ -1,4 +1,4 @@
-"""The simulator on a measured profile directory (sim/profile_dir.py): the run mirrors the
+"""The simulator on a measured profile directory (sim/models/profile_dir.py): the run mirrors the
 real mode's cluster, its instants are the tables' numbers, extrapolation is said, bad
 directories are named."""
 
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from hardware.catalog import DeviceSpec, ServingRules
-from sim.cli import main as hawk
-from sim.cluster import simulate
+from sim.commands.main import main as hawk
+from sim.engine.cluster import simulate
 from sim.config import ConfigError, from_dict, provenance
-from sim.predictor import Efficiency, RooflinePredictor
-from sim.profile_dir import MEASURED_MODEL, load_profile_dir
+from sim.models.predictor import Efficiency, RooflinePredictor
+from sim.models.profile_dir import MEASURED_MODEL, load_profile_dir
 from traces.trace import Trace
 
 #: the real mode's tiny Llama (hardware.model.config.tiny_config)
@@ -44,7 +44,7 @@ SERVING = {"prefill_max_batch_tokens": 2048, "prefill_max_batch_size": 32,
 
 
 def _model():
-    from sim.profile_dir import _model_and_serving
+    from sim.models.profile_dir import _model_and_serving
 
     return _model_and_serving({"model": TINY, "serving": SERVING}, "test")[0]
 
@@ -276,7 +276,7 @@ def test_cli_sweep_on_a_profile(prof, capsys):
 def test_table_lines_match_the_grid_and_interpolate_scattered_points():
     """From rows, a regular grid times as the grid constructor does; between two batch sizes
     measured at different contexts a step is linear in the batch at the same total context."""
-    from sim.predictor_table import TablePredictor
+    from sim.models.table import TablePredictor
 
     grid = TablePredictor([16, 2048], [0.01, 0.5], [1, 8], [16, 4096],
                           [[0.01, 0.02], [0.03, 0.08]])

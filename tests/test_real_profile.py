@@ -14,7 +14,7 @@ pytest.importorskip("mooncake.engine", reason="the workers' transport is Mooncak
 
 from hardware.serve import profile  # noqa: E402
 from hardware.serve.profile_files import ProfileError, Table, prepare  # noqa: E402
-from sim.cli import main  # noqa: E402
+from sim.commands.main import main  # noqa: E402
 
 SWEEP = profile.Sweep(prefill_num_seqs=(1, 2), prefill_tokens=(16, 256),
                       decode_batches=(1, 4), decode_contexts=(16, 512),
@@ -129,7 +129,7 @@ def test_serving_loop_session_writes_loop_csv(measured, tmp_path):
     from hardware.serve.profile_loop import COLUMNS as LOOP_COLUMNS, measure_loop
     from hardware.serve.profile_measure import Serving
     from hardware.serve.profile_files import Table, KEYS, STATS
-    from sim.profile_dir import load_profile_dir
+    from sim.models.profile_dir import load_profile_dir
 
     out = tmp_path / "prof"
     shutil.copytree(measured[0], out)

@@ -133,7 +133,7 @@ def test_an_absurd_arrival_is_refused_before_anything_is_sent():
 
 def test_cli_refuses_an_absurd_arrival(tmp_path, capsys):
     pytest.importorskip("aiohttp")
-    from sim.cli import main
+    from sim.commands.main import main
 
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_at,num_prompt_tokens,num_output_tokens\n0,5,2\n1e7,5,2\n")
@@ -193,7 +193,7 @@ def test_running_out_of_file_descriptors_is_a_client_failure():
 
 
 def test_without_aiohttp_replay_prints_one_line_naming_the_extra(tmp_path, monkeypatch, capsys):
-    from sim.cli import main
+    from sim.commands.main import main
 
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_at,num_prompt_tokens,num_output_tokens\n0,5,2\n")

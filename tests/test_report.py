@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from sim import paper
-from sim.paper_checks import TARGETS, load_fit_record
-from sim.report import (COMPARISON_COLUMNS, FIT_COLUMNS, comparison_table, fit_table, fit_text,
+from sim.paper import experiments as paper
+from sim.paper.checks import TARGETS, load_fit_record
+from sim.paper.report import (COMPARISON_COLUMNS, FIT_COLUMNS, comparison_table, fit_table, fit_text,
                         markdown)
 
 
@@ -80,7 +80,7 @@ def test_this_run_column_is_the_runs_value_not_the_fits(record):
 
 
 def test_hawk_paper_prints_the_fit_table(record, monkeypatch, capsys):
-    from sim.cli import main
+    from sim.commands.main import main
 
     result = make_result(record)
     monkeypatch.setattr(paper, "run_paper", lambda quick, workers: result)
@@ -122,7 +122,7 @@ def test_the_targets_table_gives_each_error_in_its_checks_terms(record):
 
 def test_hawk_paper_says_its_settings_and_which_checks_lean_on_the_fit(record, monkeypatch,
                                                                         capsys):
-    from sim.cli import main
+    from sim.commands.main import main
 
     result = make_result(record)
     result["sweeps"] = {"chatbot": {}}
@@ -143,7 +143,7 @@ def test_hawk_paper_says_its_settings_and_which_checks_lean_on_the_fit(record, m
 
 
 def test_hawk_calibrates_printout_gives_loo_errors_in_each_targets_terms(record):
-    from sim.fit_record import report_lines
+    from sim.paper.fit_record import report_lines
 
     lines = report_lines(load_fit_record("paper")).splitlines()
     for name, t in record.items():

@@ -65,7 +65,7 @@ def test_ctrl_c_stops_cleanly_and_writes_what_finished(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("mooncake.engine")
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "real", "run", "--workload",
+    proc = subprocess.Popen([sys.executable, "-m", "sim.commands.main", "real", "run", "--workload",
                              "chatbot", "--num-requests", "40", "--rate", "0.5", "--out",
                              str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

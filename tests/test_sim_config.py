@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.cluster import kv_capacity_blocks, simulate
+from sim.engine.cluster import kv_capacity_blocks, simulate
 from sim.config import ConfigError, RunConfig, from_dict, load_config
 
 
@@ -120,9 +120,9 @@ def test_tp_must_divide_the_heads_on_every_instance(role, tp, heads):
 @pytest.fixture
 def small_machine(monkeypatch):
     """A machine with 8 GB available, whatever this one has."""
-    import sim.run_size
+    import sim.config.run_size
 
-    monkeypatch.setattr(sim.run_size, "available_memory_bytes", lambda: 8e9)
+    monkeypatch.setattr(sim.config.run_size, "available_memory_bytes", lambda: 8e9)
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -139,7 +139,7 @@ def test_a_run_too_big_for_memory_is_refused_up_front(small_machine, changes, me
 
 
 def test_a_sweep_too_big_for_memory_is_refused_up_front(small_machine, capsys):
-    from sim.cli import main
+    from sim.commands.main import main
 
     assert main(["sweep", "--num-requests", "3000000", "--rates", "0.1,0.2,0.3,0.4",
                  "--workers", "4"]) == 2

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from hardware import catalog
-from sim.cluster import make_predictor, simulate
-from sim.paper import serving_config
-from sim.predictor import Predictor
-from sim.predictor_table import TablePredictor
+from sim.engine.cluster import make_predictor, simulate
+from sim.paper.experiments import serving_config
+from sim.models.predictor import Predictor
+from sim.models.table import TablePredictor
 from tests.builders import make_config, make_trace, random_trace
 
 INSTANTS = ["prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer_end_at",
@@ -75,7 +75,7 @@ def test_fast_forward_preempts_somewhere_in_the_property_above():
 def test_restores_at_one_boundary_join_it_with_one_replan(monkeypatch):
     """Restores reserved at the boundary just reached join it with one plan for all of them
     (``DecodeInstance._plan_due``), each stalling the batch in turn: as the oracle has it."""
-    from sim.decode import DecodeInstance
+    from sim.engine.decode import DecodeInstance
 
     restored_together = []
     plan_due = DecodeInstance._plan_due
@@ -98,7 +98,7 @@ def test_changes_before_a_boundary_are_planned_there_while_requests_wait(monkeyp
     """With requests waiting for memory, a change mid-run (a landing, a reservation) ends the
     live run at the next boundary and plans nothing now: the changes made before that
     boundary are planned once, when it is reached; as the oracle has it."""
-    from sim.decode import DecodeInstance
+    from sim.engine.decode import DecodeInstance
 
     plans, planned = [0], []           # per change while requests wait: did it plan now?
     change, plan_from = DecodeInstance._change_at_next_boundary, DecodeInstance._plan_from
@@ -244,7 +244,7 @@ def test_busy_time_of_a_cut_run_matches_the_oracle(mechanism):
 
 @pytest.mark.parametrize("mechanism,decodes", [("GN-HAWK", 1), ("GN-Host", 2)])
 def test_every_decode_wakeup_is_a_finish(mechanism, decodes):
-    """Joins and step-time changes move the one timer of an instance (sim.timers): it fires
+    """Joins and step-time changes move the one timer of an instance (sim.engine.timers): it fires
     only where a run ends, at a finish, never stale or to re-arm (memory is ample here, so no
     run is cut short for blocks)."""
     config = make_config(**{"cluster.link.mechanism": mechanism,

@@ -3,7 +3,7 @@
 import pytest
 import simpy
 
-from sim.link import KVLink
+from sim.engine.link import KVLink
 
 GB = 1e9
 
@@ -52,7 +52,7 @@ def test_bad_bandwidth_is_refused():
 
 
 def test_host_queue_is_fifo_and_exact():
-    from sim.link import HostQueue
+    from sim.engine.link import HostQueue
 
     host = HostQueue()
     assert host.reserve(1.0, 0.5) == 1.5            # idle: starts at once
@@ -66,7 +66,7 @@ def test_host_queue_is_fifo_and_exact():
 def test_source_host_work_queues_before_the_wire():
     """Two transfers with 0.3 s of host work each on one host: the second enters the wire
     only when the host is free, so the two never share the bandwidth."""
-    from sim.link import HostQueue
+    from sim.engine.link import HostQueue
 
     env = simpy.Environment()
     link, host, done = KVLink(env, 10 * GB), HostQueue(), {}
@@ -80,7 +80,7 @@ def test_source_host_work_queues_before_the_wire():
 def test_each_decode_node_has_its_own_nic():
     """Two decode instances pulling at once do not share one link: each transfer runs at the
     full NIC rate (the old single shared link halved both)."""
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
     from tests.builders import FreeTransfer, make_config, make_trace
 
     config = make_config(**{"cluster.decode.num_instances": 2, "cluster.prefill.num_instances": 2,
@@ -95,7 +95,7 @@ def test_each_decode_node_has_its_own_nic():
 
 
 def test_the_link_fires_once_per_completion_instant():
-    """Each start that moves the next completion moves the link's one timer (sim.timers): the
+    """Each start that moves the next completion moves the link's one timer (sim.engine.timers): the
     run's events are the starts and the distinct completion instants, no stale timers."""
     env = simpy.Environment()
     link = KVLink(env, 10 * GB)

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hardware import catalog
-from sim.cluster import simulate
-from sim.predictor_table import TablePredictor
+from sim.engine.cluster import simulate
+from sim.models.table import TablePredictor
 from tests.builders import make_config, make_trace, random_trace
 from traces.schema import Status, read_records, write_records
 

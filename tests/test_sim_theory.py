@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from tests.builders import make_trace, queue_cluster
 
 SEEDS = (0, 1, 2, 3)
@@ -71,7 +71,7 @@ def _roofline(device: str, **eff_changes):
     from dataclasses import replace
 
     from hardware import catalog
-    from sim.predictor import RooflinePredictor, load_profile
+    from sim.models.predictor import RooflinePredictor, load_profile
 
     eff = replace(load_profile("paper")[device], **eff_changes)
     return RooflinePredictor(catalog.model("llama-3.1-70b"), catalog.device(device), 4, eff,

@@ -3,13 +3,13 @@
 import subprocess
 import sys
 
-from sim import bench
+from sim.bench import speed as bench
 
 # Imported to register other commands, or heavy libraries a simulation does not need before
 # it starts (pandas comes later, for the records).
 HEAVY = ("pandas", "matplotlib", "scipy", "pyarrow", "torch", "ray")
-NOT_BEFORE_FIRST_EVENT = ("hardware.mechanisms", "hardware.transfer_bench", "sim.calibrate",
-                          "sim.calibrate_fit", "traces.loaders", "traces.formats") + HEAVY
+NOT_BEFORE_FIRST_EVENT = ("hardware.mechanisms", "hardware.transfer_bench", "sim.paper.calibrate",
+                          "sim.paper.fit", "traces.loaders", "traces.formats") + HEAVY
 
 
 def modules_at_first_event() -> set[str]:
@@ -24,7 +24,7 @@ def modules_at_first_event() -> set[str]:
 
 def test_simulate_imports_no_other_commands_or_heavy_libraries_before_its_first_event():
     loaded = modules_at_first_event()
-    assert "sim.cluster" in loaded and "simpy" in loaded          # it did reach the event
+    assert "sim.engine.cluster" in loaded and "simpy" in loaded          # it did reach the event
     assert not loaded & set(NOT_BEFORE_FIRST_EVENT), sorted(loaded & set(NOT_BEFORE_FIRST_EVENT))
 
 
@@ -33,7 +33,7 @@ def commands(parser) -> set[str]:
 
 
 def test_other_commands_are_still_registered():
-    from sim.cli import BUILT_IN_COMMANDS, build_parser
+    from sim.commands.main import BUILT_IN_COMMANDS, build_parser
 
     assert {"simulate", "replay", "real", "paper", "calibrate"} <= commands(build_parser())
     assert commands(build_parser(extras=False)) == set(BUILT_IN_COMMANDS)
@@ -58,7 +58,7 @@ def test_bench_measures_startup_in_a_fresh_interpreter():
 
 
 def test_importing_the_command_line_imports_no_heavy_library():
-    done = subprocess.run([sys.executable, "-c", "import sys, sim.cli; print(' '.join("
+    done = subprocess.run([sys.executable, "-c", "import sys, sim.commands.main; print(' '.join("
                            "sorted(sys.modules)))"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     loaded = {name.split(".")[0] for name in done.stdout.split()}

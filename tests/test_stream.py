@@ -1,4 +1,4 @@
-"""Streaming runs (sim.stream): the records of the in-memory run, in bounded state.
+"""Streaming runs (sim.engine.stream): the records of the in-memory run, in bounded state.
 
 Each streamed run uses tiny chunks and row groups, so a few thousand requests go through
 hundreds of loads and write-outs."""
@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.config import ConfigError
-from sim.run_size import run_bytes
-from sim.stream import STREAM_MIN_REQUESTS, Stream, StreamLedger, use_streaming
+from sim.config.run_size import run_bytes
+from sim.engine.stream import STREAM_MIN_REQUESTS, Stream, StreamLedger, use_streaming
 from traces.aggregate import RecordsAggregate
 from traces.chunks import trace_source, workload_source
 from traces.record_stream import INCOMPLETE, RecordWriter
@@ -219,7 +219,7 @@ def test_trace_source_slices_cover_the_trace():
 def test_hawk_simulate_stream_writes_a_dataset_and_says_the_bound(tmp_path, capsys):
     import json
 
-    from sim.cli import main
+    from sim.commands.main import main
 
     args = ["simulate", "--num-requests", "400", "--seed", "2"]
     assert main(args + ["--out", str(tmp_path / "memory")]) == 0

@@ -13,6 +13,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sim", "hardware", "traces", "policies")
 LOWER_LAYERS = ("traces", "policies", "hardware")
+#: sim's layers, lowest first: a module may import its own layer and those below it
+#: (``sim/__init__.py`` draws them); paper and validation are peers that ignore each other
+SIM_LAYERS = {"models": 0, "config": 1, "engine": 2, "runs": 3, "paper": 4, "validation": 4,
+              "bench": 5, "commands": 6}
 
 
 def module_files() -> dict[str, Path]:
@@ -102,6 +106,45 @@ def test_lower_layers_never_import_the_simulator():
     assert upward == []
 
 
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import from one of sim's layers into the same or a higher other layer."""
+    found = []
+    for module, deps in graph.items():
+        parts = module.split(".")
+        if parts[0] != "sim" or len(parts) < 2:
+            continue
+        for dep in deps:
+            other = dep.split(".")
+            if other[0] != "sim":
+                continue
+            if len(other) < 2 or (other[1] != parts[1]
+                                  and SIM_LAYERS[other[1]] >= SIM_LAYERS[parts[1]]):
+                found.append(f"{module} imports {dep}")
+    return sorted(found)
+
+
+def test_sim_is_in_layers():
+    files = module_files()
+    outside = sorted(m for m in files if m.startswith("sim.") and m.split(".")[1] not in SIM_LAYERS)
+    assert outside == []                                    # every module lives in a layer
+    for layer in SIM_LAYERS:                                # each says what it may import
+        doc = ast.get_docstring(ast.parse((ROOT / "sim" / layer / "__init__.py").read_text()))
+        assert doc and "import" in doc, layer
+
+
+def test_layers_import_only_downwards():
+    assert layer_violations(import_graph()) == []
+
+
+def test_the_layer_check_finds_upward_imports():
+    graph = {"sim.engine.cluster": {"sim.runs.sweep", "sim.models.cost"},
+             "sim.paper.report": {"sim.validation.errors"}, "sim.commands.main": {"sim.paper.report"},
+             "sim.runs.sweep": {"sim"}}
+    assert layer_violations(graph) == ["sim.engine.cluster imports sim.runs.sweep",
+                                       "sim.paper.report imports sim.validation.errors",
+                                       "sim.runs.sweep imports sim"]
+
+
 def test_no_import_cycles():
     assert cycles(import_graph()) == []
 
@@ -116,7 +159,7 @@ def test_the_cycle_check_finds_loops():
 
 def test_one_table_of_transfer_mechanisms():
     from hardware import mechanism_specs, mechanisms
-    from sim import transfer
+    from sim.models import transfer
 
     assert transfer.MECHANISMS is mechanism_specs.MECHANISMS
     assert set(mechanisms.MECHANISMS) == {n for n, m in mechanism_specs.MECHANISMS.items()

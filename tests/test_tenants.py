@@ -4,7 +4,7 @@ generator, carried into the records, and every summary broken down per tenant.""
 import numpy as np
 import pytest
 
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.config import RunConfig
 from traces.loaders import load_trace
 from traces.schema import read_records, write_records

@@ -3,7 +3,7 @@
 import simpy
 from simpy.events import NORMAL, Timeout
 
-from sim.timers import MovableTimer
+from sim.engine.timers import MovableTimer
 
 
 def test_simpy_queue_layout_the_timer_relies_on():

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.commands.main import main
 from traces.loaders import MAX_TOKENS, TraceFormatError, detect_format, load_trace
 from traces.readers import MAX_JSON_DEPTH
 

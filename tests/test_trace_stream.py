@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.cli import main
-from sim.cluster import simulate
-from sim.stream import Stream
+from sim.commands.main import main
+from sim.engine.cluster import simulate
+from sim.engine.stream import Stream
 from traces.loaders import TraceFormatError, load_trace
 from traces.schema import read_records
 from traces.shaping import ShapeSpec, shape
@@ -175,8 +175,8 @@ def test_hawk_simulate_stream_names_a_bad_row_without_a_traceback(tmp_path, caps
 @pytest.mark.parametrize("threshold, streams", [(500, True), (5000, False)])
 def test_without_a_flag_the_scan_streams_a_trace_longer_than_the_threshold(
         tmp_path, capsys, monkeypatch, threshold, streams):
-    monkeypatch.setattr("sim.run_size.STREAM_MIN_REQUESTS", threshold)
-    monkeypatch.setattr("sim.stream.STREAM_MIN_REQUESTS", threshold)
+    monkeypatch.setattr("sim.config.run_size.STREAM_MIN_REQUESTS", threshold)
+    monkeypatch.setattr("sim.engine.stream.STREAM_MIN_REQUESTS", threshold)
     path = write_trace(tmp_path / "t.csv", n=800)
     assert main(["simulate", "--trace", str(path), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -187,7 +187,7 @@ def test_without_a_flag_the_scan_streams_a_trace_longer_than_the_threshold(
 
 def test_a_trace_out_of_order_beyond_the_window_is_loaded_whole_unless_streaming_is_forced(
         tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("sim.run_size.STREAM_MIN_REQUESTS", 10)   # only sim.cli's choice
+    monkeypatch.setattr("sim.config.run_size.STREAM_MIN_REQUESTS", 10)   # only sim.commands.main's choice
     n = 100_000                                      # one row 99,000 rows late: past 65,536
     at = np.arange(n, dtype=float)
     at[99_000] = 0.5

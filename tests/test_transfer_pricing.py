@@ -9,7 +9,7 @@ from hardware.catalog import ModelSpec
 from hardware.dram import DramConfig
 from hardware.kv_layout import GpuKVSpec, TTKVSpec
 from hardware.plans import PLAN_BUILDERS, RequestTransfer
-from sim.transfer import (MECHANISMS, InstanceFacts, MechanismPricing, TransferParams,
+from sim.models.transfer import (MECHANISMS, InstanceFacts, MechanismPricing, TransferParams,
                           host_slowdown, isolated_latency, plan_counts, pricing_for,
                           transfer_params)
 
@@ -146,8 +146,8 @@ def test_bad_inputs_are_named():
 def test_host_staged_save_blocks_the_prefill_engine():
     """vLLM's wait_for_save: a host-staged batch ends only when its KV is in host memory, so
     its prefill lasts the predicted prefill plus the save; a direct mechanism's does not."""
-    from sim.cluster import make_predictor, simulate
-    from sim.paper import serving_config
+    from sim.engine.cluster import make_predictor, simulate
+    from sim.paper.experiments import serving_config
     from tests.builders import make_trace
 
     trace = make_trace([0.0], [1500], [4])
@@ -167,8 +167,8 @@ def test_host_staged_save_blocks_the_prefill_engine():
 def test_concurrent_host_work_queues_on_the_decode_host():
     """Two host-staged requests landing together on one decode node: the second's host-side
     copy-in waits behind the first's (FIFO), so it lands at least one host time later."""
-    from sim.cluster import simulate
-    from sim.paper import serving_config
+    from sim.engine.cluster import simulate
+    from sim.paper.experiments import serving_config
     from tests.builders import make_trace
 
     trace = make_trace([0.0, 0.0], [1500, 1500], [4, 4])

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim import validate as val
+from sim.validation import errors as val
 
 STAGE_S = {"queue": 0.01, "prefill": 0.02, "transfer_wait": 0.005, "transfer": 0.015,
            "first_decode": 0.01}
@@ -154,8 +154,8 @@ def test_result_is_strict_json_even_when_nothing_finished():
 
 
 # -- the orchestration, both sides replaced by a single server ------------------------------
-from sim import validate_run as vr  # noqa: E402
-from sim.cli import main  # noqa: E402
+from sim.validation import run as vr  # noqa: E402
+from sim.commands.main import main  # noqa: E402
 from traces.trace import Trace  # noqa: E402
 
 

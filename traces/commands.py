@@ -1,6 +1,6 @@
 """``hawk replay`` and ``hawk compare-runs``: a trace against a live endpoint, runs side by side.
 
-``sim.cli`` calls ``register(subparsers)``; each subcommand's handler takes the parsed
+``sim.commands.main`` calls ``register(subparsers)``; each subcommand's handler takes the parsed
 arguments and returns the exit code. Errors in user input raise ``ValueError`` or
 ``FileNotFoundError`` naming the bad value (the ``hawk`` entry point prints them).
 

@@ -21,7 +21,7 @@ tokens delivered.
   how close it is to full; it is the decode side's load when naming the most loaded stage.
 
 Every function takes the records DataFrame of ``traces.schema`` and touches nothing else.
-A streamed run (``sim.stream``) never holds all its records: ``traces.aggregate`` computes
+A streamed run (``sim.engine.stream``) never holds all its records: ``traces.aggregate`` computes
 ``summarize``'s keys from these same functions a row group at a time, with sketched
 percentiles (within a stated relative error, named in the summary's ``percentiles`` entry).
 """

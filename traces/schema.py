@@ -33,7 +33,7 @@ kv_bytes              int64    bytes of KV cache moved prefill -> decode (0 if n
 Optional columns (``OPTIONAL_COLUMNS``), present only where the trace carries them, after the
 others: ``tenant`` (string), the customer or application that sent the request (a trace's
 own column, e.g. Splitwise's ``application_id``, or a synthetic generator's customers);
-``cell`` (int64), the router domain that served the request in a run of cells (``sim.cells``).
+``cell`` (int64), the router domain that served the request in a run of cells (``sim.runs.cells.run``).
 
 A record's status is final: every request of a run ends in exactly one status.
 """

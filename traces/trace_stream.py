@@ -2,7 +2,7 @@
 
 ``load_trace`` holds a whole file (~40 bytes a request, and its parsing several times that).
 ``stream_source(TraceStream(path, ...))`` gives the same requests as a
-``traces.chunks.RequestSource`` in bounded memory, for a streamed run (``sim.stream``):
+``traces.chunks.RequestSource`` in bounded memory, for a streamed run (``sim.engine.stream``):
 
 1. **Scan** (``scan``): the file is read once through ``traces.loaders.read_blocks``, the
    whole-file loader's own reader, parser and checks, so a bad row raises the same
@@ -20,7 +20,7 @@ its place, so the requests are exactly the sorted ones. A row earlier than a req
 passed on is refused, naming its line and the arrival column: sort the file, or load it whole
 (``--no-stream``). Every value check happens in the scan, before the run starts.
 ``hawk simulate --trace`` without ``--stream``/``--no-stream`` scans first and streams a
-trace of more than ``sim.run_size.STREAM_MIN_REQUESTS`` requests, else loads it whole.
+trace of more than ``sim.config.run_size.STREAM_MIN_REQUESTS`` requests, else loads it whole.
 
 Memory: a block of raw rows (``block_rows``), the reorder window and one chunk; plus 16 bytes
 a request when ``mapping`` names an id column (ids are checked for duplicates over the whole

@@ -13,7 +13,7 @@ is, for a prefill batch, the engine's span (what a prefill worker reports); for 
 step, the loop's period while it kept stepping (end of one iteration, tokens sent, to the end
 of the next); for a transfer (``batch`` 1, ``longest`` = ``total`` = the prompt's tokens),
 the pull as the decode worker stamps it, its puller thread beside the decode loop.
-``sim.profile_dir`` prices each row by the tables and scales the simulator's prefill, decode
+``sim.models.profile_dir`` prices each row by the tables and scales the simulator's prefill, decode
 and transfer times by the median ratio per phase. Rows of the session's first requests (the
 warm-up) are kept: the medians are robust to them.
 """

@@ -1,0 +1,6 @@
+"""How fast the simulator runs, each against a baseline measured in the same run: ``speed``
+(``hawk bench``: requests per bare SimPy event, output scaling, start-up, memory),
+``instructions`` (the same counted by callgrind), ``cells`` (cells on 1 vs 2 workers) and
+``sweep`` (the paper's sweep in parallel). Each is ``python -m sim.bench.<name>``.
+
+May import every layer but ``sim.commands``."""

@@ -1,0 +1,288 @@
+"""``hawk bench``: how fast the simulator runs, against bare SimPy measured in the same run.
+
+Prints, for a Chatbot run near the knee:
+
+- simulated requests per wall-second, the event rate of a bare SimPy loop of plain timeouts
+  (the ceiling for any SimPy model on this machine) and their ratio, simulated requests per
+  bare event (target ``REQUESTS_PER_EVENT_TARGET``), with the decode instances' timer
+  firings per request (``sim.engine.timers``: one per run that ends at a finish or a preemption);
+- the wall-time ratio when every output is 10x longer (target ``LONG_OUTPUT_RATIO_TARGET``),
+  twice: at the same offered load (arrivals at 1/10 the rate, the same output tokens per
+  second, the like-for-like case: fast-forward keeps events per request O(1)) and at the
+  same arrival rate. The latter is 10x the decode demand of a run at the knee: the queue
+  grows without bound and the full KV pool preempts and restores requests over and over
+  (``num_preemptions_per_request``), so its cost is per preemption, not per output token;
+- the start-up of ``hawk simulate``: a fresh interpreter's seconds up to its first simulated
+  event (imports, config, trace; ``startup_s`` in CPU seconds, ``startup_wall_s`` on the
+  clock; target ``STARTUP_TARGET_S``);
+- the peak resident memory of a fresh ``hawk simulate`` of ``memory_requests`` (10^6)
+  requests, in memory (records as one table) and streamed (``--stream``, ``sim.engine.stream``).
+
+Each timing is the best of a few interleaved runs, timed in CPU seconds; the headline
+figures are ratios of those bests. Each repeat's own ratios (``per_repeat``; printed as a
+range) show how much the machine moved them: on a shared machine the bare loop alone can vary
+by a third between runs minutes apart. A repeat pairs its 1x run with the bare loop timed just
+before and just after it (their geometric mean), and ``requests_per_bare_event_paired_median``
+is the median of those pairs: a figure that slow drifts of the machine's speed move less.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import simpy
+
+from sim.engine.cluster import simulate
+from sim.config import RunConfig
+from sim.runs.sweep import summarize_sweep, sweep
+from traces.trace import Trace
+from traces.workloads import make_workload
+
+
+def bare_event_rate(num_events: int = 400_000) -> float:
+    """Timeouts per wall-second of a SimPy process that only yields plain timeouts."""
+    env = simpy.Environment()
+
+    def loop(env):
+        for _ in range(num_events):
+            yield env.timeout(1.0)
+
+    env.process(loop(env))
+    start = time.process_time()
+    env.run()
+    return num_events / (time.process_time() - start)
+
+
+# Run by a fresh interpreter: ``hawk simulate`` up to its first event, then the seconds since
+# the interpreter started (CPU) and since this script started (wall, imports onward).
+STARTUP_SCRIPT = """
+import time
+wall = time.perf_counter()
+import simpy
+
+class FirstEvent(Exception):
+    pass
+
+def first_step(env):
+    raise FirstEvent
+
+simpy.Environment.step = first_step
+from sim.commands.main import main
+try:
+    main(["simulate", "--num-requests", "10", "--json"])
+except FirstEvent:
+    print(time.process_time(), time.perf_counter() - wall)
+"""
+#: the goals of ``hawk bench`` (printed beside the measured figures)
+REQUESTS_PER_EVENT_TARGET = 0.06
+LONG_OUTPUT_RATIO_TARGET = 2.0
+STARTUP_TARGET_S = 0.5
+
+
+def startup_seconds(timeout_s: float = 120.0) -> tuple[float, float]:
+    """``(cpu_s, wall_s)`` a fresh ``hawk simulate`` spends before its first simulated event:
+    CPU seconds since the interpreter started, wall seconds since its first import."""
+    done = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT], capture_output=True,
+                          text=True, timeout=timeout_s)
+    fields = done.stdout.split()
+    if done.returncode != 0 or len(fields) != 2:
+        raise RuntimeError(f"start-up probe failed (exit {done.returncode}): "
+                           f"{done.stderr.strip()[-500:]}")
+    return float(fields[0]), float(fields[1])
+
+
+# Run by a fresh interpreter: ``hawk simulate`` with the given arguments, then its peak
+# resident memory in kilobytes as the last line (``sim.bench.speed.own_peak_rss_kb``).
+MEMORY_SCRIPT = """
+import sys
+from sim.commands.main import main
+code = main(sys.argv[1:])
+from sim.bench.speed import own_peak_rss_kb
+print(own_peak_rss_kb())
+sys.exit(code)
+"""
+
+
+def own_peak_rss_kb() -> int:
+    """This process's peak resident memory in kilobytes, since it last exec'd.
+
+    Linux keeps ``getrusage``'s ``ru_maxrss`` across ``fork`` and ``exec``: a probe started
+    by a large process (``hawk bench`` holding its runs' records) would report that process's
+    resident set, not its own. The memory map's high-water mark (``VmHWM`` in
+    ``/proc/self/status``) starts afresh at ``exec``; ``ru_maxrss`` only where there is no
+    ``/proc`` (macOS reports it in bytes)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak
+
+
+def peak_memory_mb(num_requests: int, rate: float, stream: bool, seed: int = 0,
+                   timeout_s: float = 1800.0) -> float:
+    """Peak resident MB of a fresh ``hawk simulate --num-requests N --rate R``, streamed or
+    in memory."""
+    args = ["simulate", "--num-requests", str(num_requests), "--rate", f"{rate:g}",
+            "--seed", str(seed), "--json", "--stream" if stream else "--no-stream"]
+    done = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, *args], capture_output=True,
+                          text=True, timeout=timeout_s)
+    lines = done.stdout.split()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"memory probe failed (exit {done.returncode}): "
+                           f"{done.stderr.strip()[-500:]}")
+    return int(lines[-1]) / 1024
+
+
+def find_knee(config: RunConfig, num_requests: int = 2000) -> float:
+    """A quick knee estimate on a coarse grid (in this process)."""
+    small = config.replace(**{"workload.num_requests": num_requests})
+    rates = [round(0.1 * k, 2) for k in range(1, 31)]
+    summary = summarize_sweep(sweep(small, rates, workers=1, progress=False))
+    return summary["knee_rate"]
+
+
+def _timed(config: RunConfig, trace: Trace):
+    start = time.process_time()
+    result = simulate(config, trace)
+    return time.process_time() - start, result
+
+
+def _longer_outputs(rate: float, num_requests: int, seed: int) -> Trace:
+    trace = make_workload("chatbot", rate, num_requests, seed=seed)
+    return Trace(trace.arrival_at, trace.num_prompt_tokens, trace.num_output_tokens * 10,
+                 trace.request_id, name="chatbot-10x-output")
+
+
+def run(num_requests: int = 100_000, rate: float | None = None, seed: int = 0,
+        repeats: int = 3, memory_requests: int = 1_000_000) -> dict:
+    """Each timing is the best of ``repeats`` interleaved runs (CPU time of this process), so
+    a noisy machine slows neither side of a ratio more than the other. ``memory_requests``
+    0 skips the memory probes."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if memory_requests < 0:
+        raise ValueError(f"memory_requests must be >= 0, got {memory_requests}")
+    config = RunConfig(seed=seed)
+    rate = rate if rate is not None else find_knee(config)
+    trace = make_workload("chatbot", rate, num_requests, seed=seed)
+    runs = {"1x": trace,                                                 # at the knee
+            "10x": _longer_outputs(rate / 10, num_requests, seed),       # same offered load
+            "10x_same_rate": _longer_outputs(rate, num_requests, seed)}  # 10x the demand
+    simulate(config, make_workload("chatbot", rate, 200, seed=seed))   # imports, e.g. pandas
+    walls = dict.fromkeys(runs, math.inf)
+    results: dict = {}
+    bare, startup, startup_wall = 0.0, math.inf, math.inf
+    per_repeat: dict[str, list[float]] = {"requests_per_bare_event": [],
+                                          "long_output_wall_ratio": [],
+                                          "long_output_same_rate_wall_ratio": []}
+    for _ in range(repeats):
+        cpu_s, wall_s = startup_seconds()
+        startup, startup_wall = min(startup, cpu_s), min(startup_wall, wall_s)
+        bare_before = bare_event_rate()
+        bare = max(bare, bare_before)
+        now: dict[str, float] = {}
+        for name, t in runs.items():
+            now[name], results[name] = _timed(config, t)
+            walls[name] = min(walls[name], now[name])
+            if name == "1x":            # the bare loop again: the run's pair is both sides of it
+                bare_now = math.sqrt(bare_before * bare_event_rate())
+        per_repeat["requests_per_bare_event"].append(num_requests / now["1x"] / bare_now)
+        per_repeat["long_output_wall_ratio"].append(now["10x"] / now["1x"])
+        per_repeat["long_output_same_rate_wall_ratio"].append(now["10x_same_rate"] / now["1x"])
+    sim_rate = num_requests / walls["1x"]
+
+    def per_request(name: str, key: str) -> float:
+        return sum(results[name].stats[key]) / num_requests
+
+    report = {
+        "num_requests": num_requests,
+        # both sides of every ratio run on this interpreter, and their ratio depends on it:
+        # on one machine, Python 3.12 ran the bare loop about 25% slower than 3.11 and a
+        # simulated request about 10% slower
+        "python": platform.python_version(),
+        "simpy": simpy.__version__,
+        "rate": rate,
+        "repeats": repeats,
+        "slo_attainment": results["1x"].summary["slo_attainment"],
+        "wall_s": walls["1x"],
+        "simulated_requests_per_s": sim_rate,
+        "bare_simpy_events_per_s": bare,
+        "requests_per_bare_event": sim_rate / bare,
+        "requests_per_bare_event_target": REQUESTS_PER_EVENT_TARGET,
+        # the median of each repeat's 1x run over the bare loop timed on both sides of it
+        "requests_per_bare_event_paired_median": statistics.median(
+            per_repeat["requests_per_bare_event"]),
+        "decode_wakeups_per_request": per_request("1x", "decode_wakeups"),
+        "long_output_rate": rate / 10,
+        "long_output_wall_s": walls["10x"],
+        "long_output_wall_ratio": walls["10x"] / walls["1x"],
+        "long_output_slo_attainment": results["10x"].summary["slo_attainment"],
+        "long_output_preemptions_per_request": per_request("10x", "decode_preemptions"),
+        "long_output_same_rate_wall_s": walls["10x_same_rate"],
+        "long_output_same_rate_wall_ratio": walls["10x_same_rate"] / walls["1x"],
+        "long_output_same_rate_slo_attainment":
+            results["10x_same_rate"].summary["slo_attainment"],
+        "long_output_same_rate_preemptions_per_request":
+            per_request("10x_same_rate", "decode_preemptions"),
+        "long_output_ratio_target": LONG_OUTPUT_RATIO_TARGET,
+        "startup_s": startup,
+        "startup_wall_s": startup_wall,
+        "startup_target_s": STARTUP_TARGET_S,
+        "memory_requests": memory_requests,
+        # each repeat's own figures (its bare loop, its runs): how much the machine moved them
+        "per_repeat": per_repeat,
+    }
+    if memory_requests:
+        report["peak_rss_mb"] = peak_memory_mb(memory_requests, rate, stream=False, seed=seed)
+        report["peak_rss_mb_streamed"] = peak_memory_mb(memory_requests, rate, stream=True,
+                                                        seed=seed)
+    return report
+
+
+def format_report(r: dict) -> str:
+    lines = [
+        f"Chatbot, {r['num_requests']:,} requests at {r['rate']:g} req/s "
+        f"(SLO attainment {100 * r['slo_attainment']:.1f}%); best of {r['repeats']} "
+        f"interleaved runs, CPU time"
+        + (f", Python {r['python']}, SimPy {r['simpy']}" if "python" in r else ""),
+        f"  simulated requests/s     {r['simulated_requests_per_s']:>12,.0f}   "
+        f"({r['wall_s']:.2f} s wall)",
+        f"  bare SimPy events/s      {r['bare_simpy_events_per_s']:>12,.0f}",
+        f"  requests per bare event  {r['requests_per_bare_event']:>12.4f}   "
+        f"(target >= {REQUESTS_PER_EVENT_TARGET:g}; "
+        f"{r['decode_wakeups_per_request']:.2f} decode timer firings per request)",
+        f"  10x longer outputs       {r['long_output_wall_ratio']:>12.2f}x wall "
+        f"({r['long_output_wall_s']:.2f} s at {r['long_output_rate']:g} req/s, the same "
+        f"output tokens/s; target < {LONG_OUTPUT_RATIO_TARGET:g}x)",
+        f"    at the same req/s      {r['long_output_same_rate_wall_ratio']:>12.2f}x wall "
+        f"({r['long_output_same_rate_wall_s']:.2f} s; 10x the decode demand, overloaded: "
+        f"{r['long_output_same_rate_preemptions_per_request']:.2f} preemptions per request)",
+        f"  start-up to first event  {r['startup_s']:>12.3f} s CPU "
+        f"({r['startup_wall_s']:.3f} s wall; target < {STARTUP_TARGET_S:g} s)",
+    ]
+    spread = r.get("per_repeat")
+    if spread and len(spread["requests_per_bare_event"]) > 1:
+        def span(key: str, fmt: str) -> str:
+            return f"{min(spread[key]):{fmt}}-{max(spread[key]):{fmt}}"
+
+        lines.append(f"  each repeat on its own   requests per bare event "
+                     f"{span('requests_per_bare_event', '.4f')} "
+                     f"(median {r['requests_per_bare_event_paired_median']:.4f}), 10x "
+                     f"{span('long_output_wall_ratio', '.2f')}x, at the same req/s "
+                     f"{span('long_output_same_rate_wall_ratio', '.2f')}x")
+    if "peak_rss_mb" in r:
+        lines.append(f"  peak memory, {r['memory_requests']:,} requests "
+                     f"{r['peak_rss_mb']:>7,.0f} MB in memory, "
+                     f"{r['peak_rss_mb_streamed']:,.0f} MB streamed")
+    return "\n".join(lines)

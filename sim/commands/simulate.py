@@ -1,0 +1,247 @@
+"""``hawk simulate``: one run (in memory, streamed or in cells) of a config, a workload or a
+trace file, and the summary it prints."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from traces import metrics
+from sim.config import ConfigError, RunConfig
+from traces.jsonout import dumps, writable_dir
+from sim.commands.args import _config_from_args
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def format_summary(summary: dict, config: RunConfig, trace_name: str | None = None) -> str:
+    cl = config.cluster
+    load = (f"trace {trace_name}" if trace_name else
+            f"workload {config.workload.name} @ {config.workload.rate:g} req/s, seed {config.seed}")
+    model = f"measured profile {cl.profile}" if "profile" in summary else cl.model
+    head = (f"{model}: prefill {cl.prefill.num_instances}x({cl.prefill.tp}x {cl.prefill.device})"
+            f" -> decode {cl.decode.num_instances}x({cl.decode.tp}x {cl.decode.device}) via "
+            f"{cl.link.mechanism}, {load}")
+    rows = [("requests", summary["num_requests"]), ("finished ok", summary["num_finished"]),
+            ("failed", summary["num_failed"]), ("unfinished", summary["num_unfinished"]),
+            ("SLO attainment", f"{100 * summary['slo_attainment']:.1f}% "
+                               f"(TTFT {summary['ttft_slo_s']:g} s, TPOT {summary['tpot_slo_s']:g} s)")]
+    for name in ("ttft", "tpot", "e2e"):
+        rows.append((f"{name.upper()} p50/p90/p99 (s)", " / ".join(
+            _fmt(summary[f"{name}_p{q}_s"]) for q in (50, 90, 99))))
+    if "percentiles" in summary:            # a streamed run (sim.engine.stream)
+        rows.append(("percentiles", f"sketched ({summary['percentiles']['method']}), within "
+                     f"{summary['percentiles']['relative_accuracy']:.0%} relative error"))
+    rows += [("output tokens/s", _fmt(summary["output_tokens_per_s"])),
+             ("tokens per joule", _fmt(summary["tokens_per_joule"])),
+             ("tokens/s per $1k of devices", _fmt(1e3 * summary["tokens_per_s_per_dollar"])),
+             ("$ per successful request", _fmt(summary["usd_per_request"])),
+             ("simulated time (s)", _fmt(summary.get("simulated_time_s", math.nan))),
+             ("wall time (s)", _fmt(summary.get("sim_wall_time_s", math.nan)))]
+    rows += _capacity_rows(summary)
+    rows += _profile_rows(summary.get("profile"))
+    for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
+        rows.append(("failures" if k == 0 else "", reason))
+    width = max(len(k) for k, _ in rows)
+    text = "\n".join([head] + [f"  {k:<{width}}  {v}" for k, v in rows])
+    if summary.get("tenants"):
+        from traces.tenants import format_tenants
+
+        text += "\n  per tenant:\n" + format_tenants(summary["tenants"])
+    return text
+
+
+def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
+    """What limits capacity: utilisations, and what each stage adds to TTFT (mean / P90)."""
+    rows = []
+    if "bottleneck" in summary:
+        shares = " / ".join(f"{name} {_percent(summary[f'{name}_utilization'])}"
+                            for name in ("prefill", "link", "decode"))
+        if "decode_occupancy" in summary:
+            shares += f" busy, {_percent(summary['decode_occupancy'])} of batch slots"
+        rows.append(("utilisation", f"{shares} (most loaded: {summary['bottleneck']})"))
+    for stage, _, _ in metrics.TTFT_STAGES:
+        mean, p90 = summary.get(f"ttft_{stage}_mean_s"), summary.get(f"ttft_{stage}_p90_s")
+        if mean is not None:
+            rows.append((f"TTFT {stage.replace('_', ' ')} mean/P90 (s)",
+                         f"{_fmt(mean)} / {_fmt(p90)}"))
+    return rows
+
+
+def _profile_rows(profile: dict | None) -> list[tuple[str, str]]:
+    """A measured profile's run: whether the profile is whole, and where the run extrapolated."""
+    if profile is None:
+        return []
+    rows = [] if profile["complete"] else [("profile", "incomplete (complete = false): some "
+                                                      "points not measured yet")]
+    for k, (axis, span) in enumerate(profile["extrapolated"].items()):
+        (mlo, mhi), (ulo, uhi) = span["measured"], span["used"]
+        rows.append(("extrapolated" if k == 0 else "",
+                     f"{axis}: used {ulo:g}..{uhi:g}, measured {mlo:g}..{mhi:g}"))
+    return rows
+
+
+def _percent(value) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
+
+
+def cmd_simulate(args) -> int:
+    from sim.engine.cluster import simulate, workload_trace
+    from traces.schema import write_records
+
+    config = _config_from_args(args)
+    if args.show_config:
+        from sim.config import format_provenance, provenance
+
+        from sim.models.profile_dir import describe_ranges, is_profile_dir
+
+        ranges = describe_ranges(config) if is_profile_dir(config.cluster.profile) else None
+        if args.json:
+            print(dumps({**provenance(config), **({"measured_ranges": ranges} if ranges else {})}))
+        else:
+            print(format_provenance(config))
+            if ranges:
+                print("# measured ranges (" + config.cluster.profile + "); past them the run "
+                      "extrapolates:\n" + "\n".join(f"#   {line}" for line in ranges))
+        return 0
+    if args.out is not None:
+        writable_dir(args.out)
+    trace, trace_info = _trace_for(args, config)
+    if config.cells.count > 1:
+        return _simulate_cells(args, config, trace, trace_info)
+    if args.workers is not None or args.ray is not None:
+        raise ConfigError("--workers and --ray run cells side by side; give --cells N "
+                          "(or [cells] count in the config)")
+    stream = _stream_for(args, config, trace)
+    if trace is None and stream is None:
+        trace = workload_trace(config)
+    result = simulate(config, trace, progress=not args.json, stream=stream)
+    if trace_info is not None:
+        result.summary["trace"] = trace_info
+    if args.out is not None:
+        if stream is None:
+            write_records(result.records, args.out / "records.parquet")
+        (args.out / "summary.json").write_text(dumps(result.summary, indent=2) + "\n")
+    if args.json:
+        print(dumps(result.summary))
+    else:
+        print(format_summary(result.summary, config,
+                             Path(trace_info["path"]).name if trace_info else None))
+        if args.out is not None:
+            print(f"records and summary written to {args.out}/")
+    return 0
+
+
+def _simulate_cells(args, config: RunConfig, trace, trace_info) -> int:
+    """``hawk simulate`` of a cluster of cells (``sim.runs.cells.run``): the merged records and
+    summary, and the run's timing (``cells.json``: wall-clock times stay out of the summary,
+    which is the same bytes however the cells ran)."""
+    from functools import partial
+
+    from sim.runs.cells.run import simulate_cells
+    from sim.runs.cells.stream import simulate_cells_streamed
+
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    stream = _stream_for(args, config, trace)       # each cell streams; aggregates merge
+    run = simulate_cells if stream is None else partial(simulate_cells_streamed, stream=stream)
+    result = run(config, trace, workers=args.workers, ray_address=args.ray,
+                 records_path=args.out / "records.parquet" if args.out else None,
+                 progress=not args.json)
+    summary = result.summary
+    if trace_info is not None:
+        summary["trace"] = trace_info
+    if args.out is not None:
+        (args.out / "summary.json").write_text(dumps(summary, indent=2) + "\n")
+        (args.out / "cells.json").write_text(dumps(result.timing, indent=2) + "\n")
+    shown = {**summary, "sim_wall_time_s": result.timing["wall_time_s"]}
+    if args.json:
+        print(dumps(shown))
+        return 0
+    cells = summary["cells"]
+    from sim.runs.cells.run import whole_cluster
+
+    print(format_summary(shown, whole_cluster(config),
+                         Path(trace_info["path"]).name if trace_info else None))
+    print(f"  cells: {cells['count']} of {cells['prefill_instances_per_cell']} prefill + "
+          f"{cells['decode_instances_per_cell']} decode instances, {cells['split_rule']}; "
+          f"{result.timing['backend']}, workers {args.workers or 'one per core'}")
+    if args.out is not None:
+        print(f"records (with a cell column), summary and cells.json written to {args.out}/")
+    return 0
+
+
+def _stream_for(args, config: RunConfig, trace):
+    """How ``simulate`` streams (``sim.engine.stream``): records into ``--out``/records.parquet as a
+    dataset; None for the in-memory path. ``--stream``/``--no-stream`` decide, else size."""
+    from sim.config.run_size import expected_num_requests
+    from sim.engine.stream import Stream, use_streaming
+
+    from traces.chunks import RequestSource
+
+    n = len(trace) if trace is not None else expected_num_requests(config.workload)
+    if n is None:                           # the config's trace file, not yet read
+        n = config.workload.num_requests
+    in_blocks = isinstance(trace, RequestSource)    # a trace file that _trace_for streams
+    if not (in_blocks or use_streaming(n, args.stream)):
+        return None
+    return Stream(args.out / "records.parquet" if args.out is not None else None)
+
+
+def _trace_for(args, config: RunConfig):
+    """The trace ``simulate`` replays (``--trace``, else the config's ``workload.trace``),
+    shaped by ``--window`` then ``--rate-scale`` and cut by ``--num-requests`` /
+    ``--duration``, with what loading and shaping did; ``(None, None)`` for Poisson arrivals.
+
+    Only the rows needed are read when no window is cut (``--num-requests`` streams)."""
+    from dataclasses import asdict
+
+    from traces.shaping import ShapeSpec, parse_window, shape
+
+    path = args.trace or (Path(config.workload.trace) if config.workload.trace else None)
+    if path is None:
+        for flag in ("--rate-scale", "--window"):
+            if getattr(args, flag[2:].replace("-", "_")) is not None:
+                raise ConfigError(f"{flag} shapes a trace's arrivals; give --trace (Poisson "
+                                  f"arrivals take --rate)")
+        return None, None
+    if args.rate is not None:
+        raise ConfigError(f"--rate sets a Poisson arrival rate, but the arrivals come from the "
+                          f"trace {path.name}; use --rate-scale to replay it faster or slower "
+                          f"(2 = twice the request rate)")
+    from traces.loaders import load_trace
+
+    from_flags = args.trace is not None
+    num = args.num_requests if from_flags else config.workload.num_requests
+    duration = args.duration if from_flags else config.workload.duration_s
+    start, end = parse_window(args.window)
+    spec = ShapeSpec(start_s=start, end_s=end,
+                     rate_scale=1.0 if args.rate_scale is None else args.rate_scale)
+    if args.stream is not False:            # read in blocks, never whole (traces.trace_stream)
+        from sim.config.run_size import STREAM_MIN_REQUESTS
+        from traces.trace_stream import open_stream
+
+        streamed = open_stream(path, args.trace_format, args.skip_bad, num, duration, spec,
+                               args.window is not None, quiet=args.json,
+                               longer_than=None if args.stream else STREAM_MIN_REQUESTS)
+        if streamed is not None:            # else short (or unsorted): loaded whole below
+            return streamed
+    trace, report = load_trace(path, args.trace_format, skip_bad=args.skip_bad,
+                               max_requests=num if args.window is None else None)
+    trace, shaped = shape(trace, spec)
+    if num is not None:
+        trace = trace.head(num)
+    if duration is not None:
+        trace = trace.until(duration)
+    if len(trace) == 0:
+        raise ConfigError(f"{path}: no requests left to simulate after --window {args.window} "
+                          f"and --duration {duration} ({shaped.describe()})")
+    if not args.json:
+        print(report.describe() + "\n  shaping: " + shaped.describe(), file=sys.stderr)
+    return trace, {"path": str(path), "load": report.as_dict(), "shaping": asdict(shaped),
+                   "num_simulated": len(trace)}

@@ -1,0 +1,126 @@
+"""The simulator's parts from a measured profile directory (``sim.models.profile_dir``).
+
+``measured_parts(config)`` is what ``sim.engine.cluster.simulate`` takes instead of the catalogs when
+``cluster.profile`` names a directory: the tables as a ``TablePredictor``, the transfer time per
+request interpolated in bytes (``MeasuredPricing``), pulls one at a time (``SerialLink``, as the
+decode worker's puller thread), the KV capacities of [serving], and power from the paper
+profile's tables of the catalog devices the workers stand for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import simpy
+from simpy.events import Timeout
+
+from sim.config import ConfigError
+from sim.models.profile_dir import MeasuredProfile, TransferTable, is_profile_dir, load_profile_dir
+
+
+class MeasuredPricing:
+    """``sim.models.transfer``'s pricing interface over transfer.csv: one request's KV takes the
+    measured seconds of its bytes (times the serving loop's transfer factor for the mechanism
+    the profile's session ran), all before the KV lands (``before_s``, served one at a time
+    by ``SerialLink``); nothing is paid by the prefill engine and nothing slows decode."""
+
+    save_time = None
+    host_slowdown = 1.0
+
+    def __init__(self, profile: MeasuredProfile, mechanism: str):
+        if mechanism not in profile.transfer:
+            raise ConfigError(f"{Path(profile.path) / 'transfer.csv'}: no points for "
+                                  f"mechanism {mechanism}; it measured "
+                                  f"{sorted(profile.transfer)}")
+        self.profile, self.table = profile, TransferTable(profile.transfer[mechanism])
+        # the serving loop's pulls over the table's (loop.csv), for the mechanism it ran
+        self.factor = (profile.loop["transfer"][0] if mechanism == profile.default_mechanism
+                       else 1.0)
+
+    def price(self, num_tokens: int):
+        from sim.models.transfer import TransferCost
+
+        nbytes = self.profile.kv_bytes(int(num_tokens))
+        return TransferCost(before_s=self.factor * self.table(nbytes), wire_bytes=nbytes,
+                            after_s=0.0, host_cpu_s=0.0, num_writes=0)
+
+
+class SerialLink:
+    """A decode worker's puller: one transfer at a time, first come first served, each taking
+    its ``before_s`` (the measured seconds); the bytes are counted, not timed. The same
+    interface as ``sim.engine.link.KVLink``; a transfer's ``arg`` starts with its request, whose
+    ``transfer_start_at`` becomes the instant its pull begins (the real worker's stamp)."""
+
+    def __init__(self, env: simpy.Environment, ledger):
+        self.env, self.ledger = env, ledger
+        self.free_at = 0.0
+        self.busy_time = 0.0
+        self.bytes_moved = 0.0
+        self.num_active = 0
+
+    def start(self, before_s: float, wire_bytes: float, on_done, arg, host=None,
+              host_s: float = 0.0) -> None:
+        now = self.env.now
+        begin = self.free_at if self.free_at > now else now
+        self.ledger.transfer_start_at[arg[0]] = begin
+        self.free_at = begin + before_s
+        self.busy_time += before_s
+        self.bytes_moved += float(wire_bytes)
+        self.num_active += 1
+        Timeout(self.env, self.free_at - now).callbacks.append(
+            lambda _ev: self._done(on_done, arg))
+
+    def _done(self, on_done, arg) -> None:
+        self.num_active -= 1
+        on_done(arg)
+
+    def busy_within(self, t: float) -> float:
+        """Seconds of [0, t] with a pull running (``t`` = now, the end of a run)."""
+        return self.busy_time - max(0.0, self.free_at - t)
+
+
+@dataclass
+class MeasuredParts:
+    """What ``sim.engine.cluster.simulate`` takes from a measured profile instead of the catalogs."""
+
+    profile: MeasuredProfile
+    predictor: object
+    pricing: MeasuredPricing
+    prefill_blocks: int
+    decode_blocks: int
+    tables: dict                    # [power], [price], [cost] of the paper profile
+
+    def restore_time(self, tokens: int, how: str) -> float:
+        """A preempted request's KV back: recomputed, priced by the prefill table (the real
+        workers never preempt: they reserve up front; swap has no measured PCIe figure)."""
+        if how != "recompute":
+            raise ConfigError("cluster.decode.admission: a measured profile has no PCIe figure "
+                              "to swap KV with; use oracle-reserve (as the real workers) or "
+                              "on-demand-recompute")
+        return self.predictor.prefill_time([tokens])
+
+    def extrapolation(self) -> dict:
+        """Axes where the run left the measured ranges (empty when none did)."""
+        out = self.predictor.extrapolated()
+        table = self.pricing.table
+        if table.seen is not None and (table.seen[0] < table.range[0]
+                                       or table.seen[1] > table.range[1]):
+            out["transfer_bytes"] = {"measured": list(table.range), "used": table.seen}
+        return out
+
+
+def measured_parts(config) -> MeasuredParts | None:
+    """The measured parts of a run whose ``cluster.profile`` is a directory, else None."""
+    cl = config.cluster
+    if not is_profile_dir(cl.profile):
+        return None
+    from sim.models.predictor import load_profile_table
+
+    profile = load_profile_dir(cl.profile)
+    s = profile.serving
+    tables = {k: v for k, v in load_profile_table("paper").items()
+              if k in ("power", "price", "cost")}
+    return MeasuredParts(profile, profile.predictor(),
+                         MeasuredPricing(profile, cl.link.mechanism), s["prefill_num_blocks"],
+                         -(-s["num_kv_tokens"] // cl.decode.block_size), tables)

@@ -1,0 +1,7 @@
+"""The paper (HAWK, section 6): its experiments (``experiments``), each claim as a check
+(``checks``), the report with plots (``report``), the fit of the paper profile's free
+parameters to named targets (``calibrate``, ``fit``, ``fit_record``), and the roofline beside
+published device figures (``devices_check``).
+
+May import ``sim.runs``, ``sim.engine``, ``sim.models`` and ``sim.config``; never
+``sim.validation``, a benchmark or a command."""

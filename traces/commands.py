@@ -50,7 +50,8 @@ def register(subparsers) -> None:
     p.add_argument("--cap-mode", choices=CAP_MODES, default="truncate")
     p.add_argument("--seed", type=int, default=0, help="seed for --sample")
     p.add_argument("--num-requests", type=int, help="send only the first N (after shaping)")
-    p.add_argument("--model", default="default", help="model name sent in each request")
+    p.add_argument("--model", help="model name sent in each request (default: the endpoint's "
+                   "only model on /v1/models; 'default' where it lists none)")
     p.add_argument("--api", choices=("completions", "chat"), default="completions")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request limit, seconds")
     p.add_argument("--prompt-token-ids", metavar="LOW:HIGH",
@@ -187,7 +188,8 @@ def format_replay_summary(summary: dict) -> str:
         value = summary.get(key)
         return "-" if value is None else f"{value:.4g}"
 
-    rows = [("endpoint", summary["endpoint"]), ("requests", summary["num_requests"]),
+    rows = [("endpoint", summary["endpoint"]), ("model", summary.get("model", "-")),
+            ("requests", summary["num_requests"]),
             ("finished ok", summary["num_finished"]), ("failed", summary["num_failed"]),
             ("SLO attainment", "-" if summary["slo_attainment"] is None else
              f"{100 * summary['slo_attainment']:.1f}% (TTFT {summary['ttft_slo_s']:g} s, "
@@ -203,6 +205,9 @@ def format_replay_summary(summary: dict) -> str:
              ("statuses", _counts(summary["statuses"])),
              ("finish reasons", _counts(summary.get("finish_reasons", {}))),
              ("token counts from", _counts(summary.get("token_count_sources", {})))]
+    for k, item in enumerate(summary.get("top_errors") or []):
+        rows.append(("most common errors" if k == 0 else "",
+                     f"{item['count']} x {item['status']}: {item['error'][:120]}"))
     if summary.get("num_usage_mismatch"):
         rows.append(("usage disagreeing with the stream", summary["num_usage_mismatch"]))
     if summary.get("server_ttft_p50_s") is not None:

@@ -32,3 +32,13 @@ def test_durations_read_as_people_say_them():
     assert describe_duration(600) == "10.0 min"
     assert describe_duration(5400) == "90.0 min"
     assert describe_duration(3 * 86400) == "3.0 days"
+
+
+def test_a_sweep_of_more_rates_than_a_sweep_may_have_is_refused_before_listing_them():
+    from sim.runs.sweep import MAX_POINTS, parse_rates
+
+    with pytest.raises(ConfigError, match=r"999,999,900,001 rates, more than the 10,000"):
+        parse_rates("0.1:1e6:1e-6")                     # a list of 1e12 floats before
+    with pytest.raises(ConfigError, match="more than the 10,000"):
+        parse_rates(",".join(["1"] * (MAX_POINTS + 1)))
+    assert len(parse_rates(f"1:{MAX_POINTS}:1")) == MAX_POINTS

@@ -230,3 +230,27 @@ def test_a_status_the_server_names_survives_the_http_boundary():
         result = replay(trace, ReplayConfig(url, timeout_s=5))
     assert result.records["status"].tolist() == ["ok", "failed_instance_lost"]
     assert "decode instance lost" in result.client["error"].iloc[1]
+
+
+def test_cli_reads_a_trace_with_its_own_column_names(fast_server, tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("ts_ms,in,out\n" + "\n".join(f"{10 * i},{30 + i},4" for i in range(5)) + "\n")
+    out = tmp_path / "run"
+    assert run_cli(["replay", "--endpoint", fast_server, "--trace", str(trace), "--columns",
+                    "arrival_at=ts_ms,num_prompt_tokens=in,num_output_tokens=out,time_unit=ms",
+                    "--out", str(out), "--json"]) == 0
+    records = read_records(out / "records.parquet")
+    assert records["num_prompt_tokens"].tolist() == [30, 31, 32, 33, 34]
+    assert records["arrival_at"].tolist() == pytest.approx([0.0, 0.01, 0.02, 0.03, 0.04])
+    with pytest.raises(ValueError, match="--columns arrival_at=COL"):   # unnamed: says how
+        run_cli(["replay", "--endpoint", fast_server, "--trace", str(trace)])
+
+
+def test_cli_columns_flag_names_the_fields_it_takes(capsys):
+    with pytest.raises(SystemExit):
+        run_cli(["replay", "--endpoint", "http://h:1", "--trace", "t.csv", "--columns", "ts"])
+    assert "FIELD=COLUMN pairs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_cli(["replay", "--endpoint", "http://h:1", "--trace", "t.csv", "--columns",
+                 "arrival=ts"])
+    assert "not among" in capsys.readouterr().err

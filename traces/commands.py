@@ -15,6 +15,8 @@ first ``--num-requests``, then send it (``traces.replay``). SLOs: ``--ttft-slo``
 
 from __future__ import annotations
 
+import argparse
+
 import math
 import os
 import sys
@@ -24,6 +26,22 @@ from traces.jsonout import dumps, writable_dir
 
 DEFAULT_TTFT_SLO_S = 2.0
 DEFAULT_TPOT_SLO_S = 0.2
+
+
+def add_columns_arg(p) -> None:
+    """``--columns``: which columns of a csv/jsonl/parquet trace hold arrival and lengths."""
+    from traces.formats import ColumnMapping
+
+    def columns(text: str) -> ColumnMapping:
+        try:
+            return ColumnMapping.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    p.add_argument("--columns", type=columns, metavar="FIELD=COLUMN,...",
+                   help="columns of a csv/jsonl/parquet trace (default arrival_at, "
+                   "num_prompt_tokens, num_output_tokens, seconds), e.g. "
+                   "arrival_at=ts,num_prompt_tokens=in,num_output_tokens=out,time_unit=ms")
 
 
 def register(subparsers) -> None:
@@ -40,6 +58,7 @@ def register(subparsers) -> None:
                    "(azure-llm-2023-conv.csv, azure-llm-2023-code.csv)")
     p.add_argument("--trace-format", choices=FORMATS, help="default: detected from the header")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed rows, reported")
+    add_columns_arg(p)
     p.add_argument("--filter", action="append", default=[], metavar="COLUMN=VALUE",
                    help="keep rows whose COLUMN equals VALUE (repeatable; e.g. Model=ChatGPT)")
     p.add_argument("--window", metavar="START:END", help="seconds of the trace to keep")
@@ -114,6 +133,7 @@ def prepare_trace(args):
     from traces.shaping import ShapeSpec, shape
 
     trace, report = load_trace(args.trace, args.trace_format, skip_bad=args.skip_bad,
+                               mapping=args.columns,
                                filters=_filters(args.filter))
     start, end = _window(args.window)
     spec = ShapeSpec(start_s=start, end_s=end, sample_fraction=args.sample,

@@ -155,7 +155,8 @@ def model(values: dict[str, float], template: str, workdir: str, reduced: bool =
 
 def _serving(workload: str, profile: str, seed: int = 0) -> dict:
     """Reduced sweeps: rates ascend until attainment stays below 90% twice; the knee is
-    interpolated where attainment crosses 90% (None: below it at the lowest rate).
+    ``traces.metrics.knee`` over the rates swept, interpolated where attainment crosses 90%
+    after its highest passing rate (NaN: no rate passes).
 
     Each configuration's sweep and its run at the knee are kept on disk beside the profile,
     keyed by what its simulation reads (``_simulation_key``): a vector that changes only
@@ -166,6 +167,7 @@ def _serving(workload: str, profile: str, seed: int = 0) -> dict:
     from sim.paper import experiments as paper
     from sim.engine.cluster import simulate
     from sim.models.predictor import load_profile_table
+    from traces import metrics
 
     table, out = load_profile_table(profile), {}
     for name in ("GG-Host", "GN-Host", "GG-Direct", "GN-HAWK"):
@@ -182,7 +184,7 @@ def _serving(workload: str, profile: str, seed: int = 0) -> dict:
                 below = below + 1 if att[-1] < 0.9 else 0
                 if below == 2:
                     break
-            knee = interpolated_knee(FIT_RATES[workload][:len(att)], att)
+            knee = metrics.knee(FIT_RATES[workload][:len(att)], att, interpolate=True)
             stats = summary = None
             if math.isfinite(knee):
                 run = simulate(config.replace(**{"workload.rate": knee, "seed": seed}))
@@ -211,18 +213,6 @@ def _simulation_key(config, table: dict, seed: int) -> str:
                 "efficiency": {d: eff.get(d) for d in (cl.prefill.device, cl.decode.device)}}
     text = json.dumps(relevant, sort_keys=True, default=str).replace(cl.profile, "<profile>")
     return hashlib.sha1(text.encode()).hexdigest()[:20]
-
-
-def interpolated_knee(rates, attainment, target: float = 0.9) -> float:
-    """Where attainment first crosses ``target``, linear between grid rates; NaN if it is
-    below at the lowest rate; the last rate if it never falls below."""
-    if not attainment or attainment[0] < target:
-        return math.nan
-    for k in range(1, len(attainment)):
-        if attainment[k] < target:
-            a0, a1 = attainment[k - 1], attainment[k]
-            return rates[k - 1] + (a0 - target) / (a0 - a1) * (rates[k] - rates[k - 1])
-    return rates[len(attainment) - 1]
 
 
 # -- the command --------------------------------------------------------------------------

@@ -17,7 +17,8 @@ before anything is simulated:
    ``max_candidates``).
 
 Each simulated candidate gets its knee (the highest rate meeting the attainment target) by
-bisection between the rates known to pass and to fail (the roofline bound above), not a grid.
+bisection between the rates known to pass and to fail (the roofline bound above), not a grid
+(``sim.runs.knee.bisect_knee``: geometric midpoints).
 The Pareto frontier is over the simulated candidates: cost per successful request at the
 asked rate vs goodput (the knee).
 
@@ -244,18 +245,21 @@ def _evaluate(job) -> dict:
 
 
 def _knee(job) -> tuple[float, float, int]:
-    """The knee of ``config`` by bisection: between the asked rate and 1.25x the roofline
-    bound when it meets the target there, else between 0 and the asked rate."""
+    """The knee of ``config`` by bisection (``sim.runs.knee.bisect_knee``): between the asked
+    rate and 1.25x the roofline bound when it meets the target there, else between 0 and the
+    asked rate."""
     from sim.engine.cluster import simulate
+    from sim.runs.knee import bisect_knee
 
-    config, bound, target, meets = job
+    config, bound, target, meets_at_rate = job
+
+    def meets(rate: float) -> bool:
+        run = simulate(config.replace(**{"workload.rate": rate}))
+        return run.summary["slo_attainment"] >= target
+
     rate = config.workload.rate
-    lo, hi = (rate, max(bound, rate) * 1.25) if meets else (0.0, rate)
-    for _ in range(BISECTION_STEPS):
-        mid = (lo + hi) / 2
-        attained = simulate(config.replace(**{"workload.rate": mid})).summary["slo_attainment"]
-        lo, hi = (mid, hi) if attained >= target else (lo, mid)
-    return lo, hi, BISECTION_STEPS
+    lo, hi = (rate, max(bound, rate) * 1.25) if meets_at_rate else (0.0, rate)
+    return (*bisect_knee(meets, lo, hi, BISECTION_STEPS), BISECTION_STEPS)
 
 
 def _changes(config: RunConfig) -> dict:

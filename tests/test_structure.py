@@ -197,3 +197,16 @@ def test_the_knee_check_finds_a_copy():
             "def describe_knee(s):\n    return ', '.join(str(x) for x in s)\n"
             "def knee_rate(config):\n    return knee(config)\n")
     assert knee_computations("m", copy) == ["m.find_knee"]
+
+
+def test_hawk_calibrate_is_built_in_one_command_module():
+    """The fits only fit: the flags and the dispatch are ``sim.commands.calibrate``'s."""
+    for module in ("sim.paper.calibrate", "sim.validation.fit_profile"):
+        source = module_files()[module].read_text()
+        tree = ast.parse(source)
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert not {"register", "add_parser", "cmd_calibrate", "_handler"} & names, module
+        assert "argparse" not in imported_names(module, module_files()[module]), module
+        assert "add_argument" not in source and "print(" not in source, module
+    main = module_files()["sim.commands.main"].read_text()
+    assert "calibrate.add_parser(sub)" in main and "_add_measured_calibration" not in main

@@ -1,4 +1,5 @@
-"""``hawk calibrate --targets paper``: fit the paper profile's free parameters to named targets.
+"""The paper profile's free parameters fitted to named targets (``hawk calibrate --targets
+paper``, whose command is ``sim.commands.calibrate``).
 
 The fit is honest by construction:
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.paper.fit import LOO_NFEV, NOISE_SEEDS, Fit, fit, leave_one_out, noise  # noqa: F401
-from sim.paper.fit_record import fit_record, report_lines, to_toml
+from sim.paper.fit_record import fit_record, to_toml
 from sim.paper.checks import Target, load_fit_record, paper_targets, residual  # noqa: F401
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
@@ -215,7 +216,7 @@ def _simulation_key(config, table: dict, seed: int) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
-# -- the command --------------------------------------------------------------------------
+# -- the fit, written --------------------------------------------------------------------
 def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
               workers: int = 2, write: bool = True, loo_nfev: int = LOO_NFEV,
               cache_dir: str | None = None) -> dict:
@@ -256,36 +257,3 @@ def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
                         "noise": clock[3] - clock[2]}
     return record
 
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("calibrate", help="fit the profile's free parameters to targets")
-    p.add_argument("--targets", default="paper", help="target set (paper)")
-    p.add_argument("--max-evaluations", type=int, default=8,
-                   help="least-squares function evaluations of the fit (each with a Jacobian)")
-    p.add_argument("--loo-evaluations", type=int, default=LOO_NFEV,
-                   help="the same for each leave-one-out refit, from the fit's optimum")
-    p.add_argument("--workers", type=int, default=2,
-                   help="parallel model evaluations (Jacobian columns, refits, seeds)")
-    p.add_argument("--dry-run", action="store_true", help="fit and report; write nothing")
-    p.add_argument("--cache-dir", help="keep the fit's simulations here, for a later run")
-    p.set_defaults(func=_handler)
-
-
-def _handler(args) -> int:
-    from sim.config import ConfigError
-
-    try:
-        for flag in ("max_evaluations", "loo_evaluations", "workers"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: "
-                                 f"must be at least 1")
-        record = calibrate(args.targets, max_nfev=args.max_evaluations, workers=args.workers,
-                           write=not args.dry_run, loo_nfev=args.loo_evaluations,
-                           cache_dir=args.cache_dir)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    print(report_lines(record))
-    wall = record["wall_s"]
-    print(f"\nwall time: fit {wall['fit']:.0f} s, leave-one-out refits {wall['loo']:.0f} s, "
-          f"noise over seeds {wall['noise']:.0f} s")
-    return 0

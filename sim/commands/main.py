@@ -286,7 +286,7 @@ def build_parser(extras: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--slo", metavar="TTFT_S,TPOT_S", help="SLOs (default: the workload's)")
     p.add_argument("--target", type=float, default=0.9, help="attainment target (default 0.9)")
     p.add_argument("--catalog", type=Path, help="TOML of host/NIC prices, amortisation and "
-                   "energy price (default sim/profiles/plan_costs.toml)")
+                   "energy price laid over the profile's [cost] table (sim.models.cost)")
     p.add_argument("--prefill-devices", help="comma-separated (default: every GPU timed)")
     p.add_argument("--decode-devices", help="comma-separated (default: every device timed)")
     p.add_argument("--tp", default="1,2,4,8", help="TP degrees to try (default 1,2,4,8)")

@@ -55,8 +55,8 @@ def run(args) -> int:
     given = [f for f in TARGETS_DEFAULTS if getattr(args, f) is not None]
     if args.profile is not None:
         if given:
-            raise ConfigError(f"--{given[0].replace('_', '-')} goes with --targets, not "
-                              f"--profile DIR")
+            raise ConfigError(f"--{given[0].replace('_', '-')} is a flag of the targets fit, "
+                              f"not of --profile DIR")
         return run_profile_fit(args.profile, args.device, args.out)
     if any(getattr(args, f) is not None for f in PROFILE_FLAGS):
         raise ConfigError("--device and --out go with --profile DIR")

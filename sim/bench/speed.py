@@ -144,11 +144,16 @@ def peak_memory_mb(num_requests: int, rate: float, stream: bool, seed: int = 0,
     return int(lines[-1]) / 1024
 
 
-def find_knee(config: RunConfig, num_requests: int = 2000) -> float:
-    """A quick knee estimate on a coarse grid (in this process)."""
+#: the coarse grid of the benchmark's default rate, req/s: 0.1 to 3.0
+DEFAULT_RATE_GRID = tuple(round(0.1 * k, 2) for k in range(1, 31))
+
+
+def default_rate(config: RunConfig, num_requests: int = 2000) -> float:
+    """The rate the benchmark runs at unless given one: the knee of a sweep over
+    ``DEFAULT_RATE_GRID`` (``traces.metrics.knee``, by ``summarize_sweep``; in this process).
+    A grid, not a bisection, so the benchmark's load stays a round rate."""
     small = config.replace(**{"workload.num_requests": num_requests})
-    rates = [round(0.1 * k, 2) for k in range(1, 31)]
-    summary = summarize_sweep(sweep(small, rates, workers=1, progress=False))
+    summary = summarize_sweep(sweep(small, list(DEFAULT_RATE_GRID), workers=1, progress=False))
     return summary["knee_rate"]
 
 
@@ -174,7 +179,7 @@ def run(num_requests: int = 100_000, rate: float | None = None, seed: int = 0,
     if memory_requests < 0:
         raise ValueError(f"memory_requests must be >= 0, got {memory_requests}")
     config = RunConfig(seed=seed)
-    rate = rate if rate is not None else find_knee(config)
+    rate = rate if rate is not None else default_rate(config)
     trace = make_workload("chatbot", rate, num_requests, seed=seed)
     runs = {"1x": trace,                                                 # at the knee
             "10x": _longer_outputs(rate / 10, num_requests, seed),       # same offered load

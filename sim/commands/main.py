@@ -286,7 +286,7 @@ def build_parser(extras: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--slo", metavar="TTFT_S,TPOT_S", help="SLOs (default: the workload's)")
     p.add_argument("--target", type=float, default=0.9, help="attainment target (default 0.9)")
     p.add_argument("--catalog", type=Path, help="TOML of host/NIC prices, amortisation and "
-                   "energy price (default sim/profiles/plan_costs.toml)")
+                   "energy price laid over the profile's [cost] table (sim.models.cost)")
     p.add_argument("--prefill-devices", help="comma-separated (default: every GPU timed)")
     p.add_argument("--decode-devices", help="comma-separated (default: every device timed)")
     p.add_argument("--tp", default="1,2,4,8", help="TP degrees to try (default 1,2,4,8)")
@@ -317,34 +317,11 @@ def build_parser(extras: bool = True) -> argparse.ArgumentParser:
     for name in EXTRA_COMMANDS if extras else ():
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name).register(sub)
-    if "calibrate" in sub.choices:
-        _add_measured_calibration(sub.choices["calibrate"])
+    if extras:
+        from sim.commands import calibrate
+
+        calibrate.add_parser(sub)
     return parser
-
-
-def _add_measured_calibration(p: argparse.ArgumentParser) -> None:
-    """``hawk calibrate --profile DIR``: fit the roofline and transfer parameters to a measured
-    profile (``sim.validation.fit_profile``); without ``--profile`` the targets fit runs as before."""
-    targets = p.get_default("func")
-    p.add_argument("--profile", type=Path, metavar="DIR",
-                   help="fit the roofline's efficiency factors and the transfer parameters to "
-                        "this measured profile directory instead of --targets")
-    p.add_argument("--device", metavar="NAME",
-                   help="with --profile: the device key the fitted [efficiency] table is "
-                        "written under (default: the measuring machine, 'measured')")
-    p.add_argument("--out", type=Path, metavar="FILE",
-                   help="with --profile: write the fitted profile TOML here")
-
-    def dispatch(args) -> int:
-        if args.profile is None:
-            if args.device is not None or args.out is not None:
-                raise ConfigError("--device and --out go with --profile DIR")
-            return targets(args)
-        from sim.validation.fit_profile import cmd_calibrate
-
-        return cmd_calibrate(args)
-
-    p.set_defaults(func=dispatch)
 
 
 BUILT_IN_COMMANDS = ("simulate", "sweep", "compare", "plan", "bench")

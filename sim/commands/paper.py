@@ -21,10 +21,8 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="reduced settings (for CI)")
     p.add_argument("--workers", type=int, help="parallel processes for the sweeps")
     p.set_defaults(func=handler)
-    from sim.paper import calibrate
     from sim.paper import devices_check
 
-    calibrate.register(subparsers)
     devices_check.register(subparsers)
 
 

@@ -206,32 +206,18 @@ def default_slos(simulate_fn, requests: Requests) -> tuple[float, float]:
 
 def find_knee(simulate_fn, requests: Requests, ttft_slo_s: float, tpot_slo_s: float,
               steps: int = 8) -> float:
-    """The highest rate whose simulated attainment is >= ``KNEE_TARGET``: doubling (or
-    halving) from the trace's own rate to bracket it, then ``steps`` bisections. NaN when even
-    1/1000 of the trace's rate misses, infinity when 1000x still meets it."""
+    """The highest rate whose simulated attainment is >= ``KNEE_TARGET``
+    (``sim.runs.knee.search_knee``: doubling or halving from the trace's own rate to bracket
+    it, then ``steps`` bisections). NaN when even 1/1000 of the trace's rate misses, infinity
+    when 1000x still meets it."""
+    from sim.runs.knee import search_knee
     from traces.metrics import slo_attainment
 
-    def good(rate: float) -> bool:
+    def meets(rate: float) -> bool:
         frame = simulate_fn(requests.at(rate), ttft_slo_s, tpot_slo_s)
         return slo_attainment(frame, ttft_slo_s, tpot_slo_s) >= KNEE_TARGET
 
-    rate = requests.base_rate
-    if good(rate):
-        lo, hi = rate, 2 * rate
-        while good(hi):
-            if hi > 1000 * rate:
-                return math.inf
-            lo, hi = hi, 2 * hi
-    else:
-        lo, hi = rate / 2, rate
-        while not good(lo):
-            if lo < rate / 1000:
-                return math.nan
-            lo, hi = lo / 2, lo
-    for _ in range(steps):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if good(mid) else (lo, mid)
-    return lo
+    return search_knee(meets, requests.base_rate, steps)
 
 
 def parse_loads(text: str) -> list[str | float]:

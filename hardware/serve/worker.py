@@ -122,6 +122,9 @@ def run_prefill(args, token: str) -> None:
     from hardware.transport import make_transport
 
     model = load_model(args)
+    if args.mechanism == "GN-HAWK" and model.device.type == "cpu":
+        from hardware import layout_kernel
+        layout_kernel.warm_up()             # before joining: no request waits on a compile
     engine = PrefillEngine(model, args.num_blocks, args.max_batch_tokens, args.max_batch_size)
     transport = make_transport(args.transport, host=args.host)
     send_buffer = np.zeros(int(args.send_buffer_mb * (1 << 20)), np.uint8)

@@ -185,7 +185,7 @@ class PlainSink:
         return {}
 
     def plan(self, request_id: str, dest: dict, meta: dict):
-        from hardware.plan import TransferPlan
+        from hardware.transfer_plan import TransferPlan
         n = self.dst.size
         starts = np.arange(0, n, CHUNK, dtype=np.int64)
         self.marks.append(time.perf_counter())

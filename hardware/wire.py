@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 from hardware.transport.base import (
     AuthError, ChecksumMismatch, PeerLost, ProtocolError, SendBufferExhausted, TransferTimeout,
     UnknownRequest,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hardware import kernel_build, layout_bench, layout_kernel, tiles, transform
-from hardware.plans import hawk_segments
+from hardware.mechanism_plans import hawk_segments
 from test_layout_nonfinite import kernel_pack, narrow_source
 from test_layout_transform import make_transfer, numpy_send_buffer
 

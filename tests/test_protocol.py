@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 from hardware.protocol import DecodeClient, PrefillServer, recv_msg, send_msg
 from hardware.transport import (
     AuthError, ChecksumMismatch, PeerLost, PlanOutOfBounds, ProtocolError, Region,

@@ -12,7 +12,8 @@ torch headers rebuilt one directory in turn. Here:
   ``C_INCLUDE_PATH``, ``CPLUS_INCLUDE_PATH``), so two environments never share a directory;
 - a process that builds holds an advisory ``flock`` on ``hawk.lock`` in that directory, which
   the system drops when the process dies, however it dies. Holding it, a torch ``lock`` file
-  found there was left by a killed build: it is removed, saying so in one line on stderr;
+  found there was left by a killed build: it is removed. A build says so in one line on
+  stderr (where, and the lock it removed);
 - another process's live build is waited on for at most ``wait_s`` seconds (the callers'
   default: ``HAWK_KERNEL_WAIT_S``, 5); past it ``BuildBusy`` is raised and the caller runs
   the eager torch path;
@@ -138,11 +139,11 @@ def _compile(spec: Spec, directory: Path) -> Path:
     holds the directory's flock, so a torch lock there is a killed build's."""
     from torch.utils import cpp_extension
 
-    stale = directory / "lock"
+    stale, note = directory / "lock", ""
     if stale.exists():
         stale.unlink(missing_ok=True)
-        say_once(f"removed the stale build lock {stale} (left by a build that was killed); "
-                 f"building afresh")
+        note = f"removed the stale build lock {stale} (left by a build that was killed); "
+    say_once(f"{note}building the fused kernel in {directory} (once; up to a minute)")
     library = Path(cpp_extension.load(
         name=spec.name, sources=[str(spec.sources[0])], extra_cflags=list(spec.cflags),
         extra_ldflags=list(spec.ldflags), build_directory=str(directory),

@@ -55,7 +55,7 @@ PATHS = {"portable": 1, "avx2": 2, "avx512": 3}         # block-float paths, slo
 MAG_BITS = {"bfloat16": 0, "float32": 0, "bfloat8_b": 7, "bfloat4_b": 3}
 SAME_BITS = {"bfloat16": torch.bfloat16, "float32": torch.float32}   # sent as they are
 BLOCK_FLOAT_SOURCES = (torch.bfloat16, torch.float16, torch.float32)
-WARM_WAIT_S = 300.0        # warm-up waits out another process's build (one takes about a minute)
+WARM_WAIT_S = 120.0        # warm-up waits out another process's build (one takes up to a minute)
 
 
 def enabled() -> bool:

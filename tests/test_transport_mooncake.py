@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 from hardware.transport import (
     PeerLost, PlanOutOfBounds, Region, TransferFailed, TransportUnavailable, make_transport,
 )

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from sim.bench import speed as bench
 
 # Imported to register other commands, or heavy libraries a simulation does not need before
@@ -75,3 +77,26 @@ def test_memory_probe_reports_its_own_peak_not_the_process_that_started_it():
     probe_mb = bench.peak_memory_mb(100, 0.5, stream=True)
     assert 10 < probe_mb < 450, probe_mb                        # a 100-request run's own
     del held
+
+
+def test_startup_bench_times_each_kind_in_fresh_processes_and_reports_ratios():
+    import os
+
+    from sim.bench import startup
+
+    walls = startup.one_round(dict(os.environ))
+    assert set(walls) == set(startup.KINDS) and min(walls.values()) > 0
+    report = {"runs": 3, "bytecode": "cached", "python": "3.11.7",
+              "bare_s": 0.04, "help_s": 0.06, "first_event_s": 0.2, "floor_s": 0.16,
+              **{f"{k}_range_s": [0.01, 0.5] for k in startup.KINDS}}
+    report.update(help_per_bare=1.5, first_event_per_bare=5.0, floor_per_bare=4.0)
+    text = startup.format_report(report)
+    assert "hawk --help                       0.060" in text and "1.50  target < 0.3 s" in text
+    assert "5.00  target < 0.25 s" in text and "median of 3 fresh processes" in text
+
+
+def test_startup_bench_refuses_no_runs():
+    from sim.bench import startup
+
+    with pytest.raises(ValueError, match="runs must be >= 1, got 0"):
+        startup.measure(runs=0)

@@ -4,6 +4,8 @@ bare interpreter, each in fresh processes.
 Prints the median wall time over ``--runs`` fresh processes of
 
 - ``python -c pass``: the interpreter alone (its own start-up and ``site``);
+- ``import numpy.random, simpy``: the libraries no simulation starts without, a floor for the
+  first event;
 - ``python -m sim.commands.main --help``: spawn to exit (target ``HELP_TARGET_S``);
 - ``hawk simulate`` up to its first simulated event, from the spawn (the probe of
   ``sim.bench.speed.STARTUP_SCRIPT``; target ``FIRST_EVENT_TARGET_S``);
@@ -32,7 +34,8 @@ from sim.bench.speed import startup_probe
 
 HELP_TARGET_S = 0.3
 FIRST_EVENT_TARGET_S = 0.25
-KINDS = ("bare", "help", "first_event")
+KINDS = ("bare", "floor", "help", "first_event")
+FLOOR = "import numpy.random, simpy"
 
 
 def _exit_wall_s(args: list[str], env: dict) -> float:
@@ -50,6 +53,7 @@ def _exit_wall_s(args: list[str], env: dict) -> float:
 def one_round(env: dict) -> dict[str, float]:
     """One fresh process of each kind: its wall seconds."""
     return {"bare": _exit_wall_s(["-c", "pass"], env),
+            "floor": _exit_wall_s(["-c", FLOOR], env),
             "help": _exit_wall_s(["-m", "sim.commands.main", "--help"], env),
             "first_event": startup_probe(env)[2]}
 
@@ -81,6 +85,7 @@ def measure(runs: int = 10, from_source: bool = False) -> dict:
 
 def format_report(r: dict) -> str:
     rows = (("python -c pass", "bare", ""),
+            (FLOOR, "floor", "(no simulation starts faster)"),
             ("hawk --help", "help", f"target < {HELP_TARGET_S:g} s"),
             ("hawk simulate to first event", "first_event",
              f"target < {FIRST_EVENT_TARGET_S:g} s"))

@@ -218,7 +218,6 @@ def _stream_for(args, config: RunConfig, trace):
     dataset; None for the in-memory path. ``--stream``/``--no-stream`` decide, else size."""
     from sim.config.run_size import expected_num_requests
     from sim.engine.stream import Stream, use_streaming
-
     from traces.chunks import RequestSource
 
     n = len(trace) if trace is not None else expected_num_requests(config.workload)
@@ -236,10 +235,6 @@ def _trace_for(args, config: RunConfig):
     ``--duration``, with what loading and shaping did; ``(None, None)`` for Poisson arrivals.
 
     Only the rows needed are read when no window is cut (``--num-requests`` streams)."""
-    from dataclasses import asdict
-
-    from traces.shaping import ShapeSpec, parse_window, shape
-
     path = args.trace or (Path(config.workload.trace) if config.workload.trace else None)
     if path is None:
         for flag in ("--rate-scale", "--window"):
@@ -247,6 +242,10 @@ def _trace_for(args, config: RunConfig):
                 raise ConfigError(f"{flag} shapes a trace's arrivals; give --trace (Poisson "
                                   f"arrivals take --rate)")
         return None, None
+    from dataclasses import asdict
+
+    from traces.shaping import ShapeSpec, parse_window, shape
+
     if args.rate is not None:
         raise ConfigError(f"--rate sets a Poisson arrival rate, but the arrivals come from the "
                           f"trace {path.name}; use --rate-scale to replay it faster or slower "

@@ -67,7 +67,7 @@ def run(args) -> int:
         print(dumps(result))
     else:
         print(head)
-        print(cmp.format_result(result))
+        print(format_result(result))
         if args.out is not None:
             print(f"records of both arms, comparison.json and regressed.csv written to "
                   f"{args.out}/")
@@ -82,7 +82,7 @@ def _compare_simulated(args, cmp):
     diff = cmp.config_diff(baseline, candidate)
     vary = tuple(args.vary) if args.vary else cmp.POLICY_KEYS
     if not args.json:
-        print(f"{args.baseline} -> {args.candidate} differ in:\n" + (cmp.format_diff(diff)
+        print(f"{args.baseline} -> {args.candidate} differ in:\n" + (format_diff(diff)
                                                                    if diff else "  nothing"))
     cmp.check_diff(diff, vary, args.allow_diff)
     if (args.trace is None) == (args.workload is None):
@@ -105,3 +105,36 @@ def _compare_simulated(args, cmp):
     runs = cmp.run_pairs(baseline, candidate, inputs, repeats, seed, args.workers,
                          progress=not args.json, ray_address=args.ray)
     return runs, (baseline.slo.ttft_s, baseline.slo.tpot_s), head
+
+
+def format_diff(diff) -> str:
+    """The settings two configurations differ in, one per line: baseline -> candidate."""
+    width = max(len(k) for k, _, _ in diff)
+    return "\n".join(f"  {k:<{width}}  {a!r} -> {b!r}" for k, a, b in diff)
+
+
+def format_result(result: dict, top: int = 5) -> str:
+    """The effects with their CIs, the verdict and its reasons, the most regressed requests."""
+    conf = 100 * result["limits"]["confidence"]
+    lines = [f"paired over {result['unit']}; difference = candidate - baseline, "
+             f"{conf:g}% bootstrap CI",
+             f"  {'metric':<34} {'baseline':>10} {'candidate':>10} {'difference':>11}  CI"]
+    for key, e in result["effects"].items():
+        lines.append(f"  {key:<34} {e['baseline']:>10.4g} {e['candidate']:>10.4g} "
+                     f"{e['difference']:>+11.4g}  [{e['ci_low']:+.4g}, {e['ci_high']:+.4g}]")
+    v = result["verdict"]
+    lines.append(f"verdict: keep the {v['keep']} (improve {result['limits']['improve']}"
+                 + (f"; limits {result['limits']['limits']})" if result['limits']['limits']
+                    else ")"))
+    lines += [f"  - {r}" for r in v["reasons"]]
+    if not result["regressed"]:
+        lines.append("no request got worse (first repeat)")
+    else:
+        lines.append(f"most regressed requests (first repeat, {len(result['regressed'])} "
+                     f"saved):")
+        for r in result["regressed"][:top]:
+            who = f" [{r['tenant']}]" if "tenant" in r else ""
+            lines.append(f"  request {r['request_id']}{who}: {r['status_baseline']} -> "
+                         f"{r['status_candidate']}, TTFT {r['ttft_change_s']:+.3f} s, "
+                         f"E2E {r['e2e_change_s']:+.3f} s")
+    return "\n".join(lines)

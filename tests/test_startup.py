@@ -11,7 +11,10 @@ from sim.bench import speed as bench
 # it starts (pandas comes later, for the records).
 HEAVY = ("pandas", "matplotlib", "scipy", "pyarrow", "torch", "ray")
 NOT_BEFORE_FIRST_EVENT = ("hardware.mechanisms", "hardware.transfer_bench", "sim.paper.calibrate",
-                          "sim.paper.fit", "traces.loaders", "traces.formats") + HEAVY
+                          "sim.paper.fit", "traces.loaders", "traces.formats", "traces.shaping",
+                          "numpy.ma",       # np.unique imports it: Trace's id check sorts instead
+                          "sim.commands.sweep", "sim.commands.validate", "traces.commands",
+                          "hardware.commands") + HEAVY
 
 
 def modules_at_first_event() -> set[str]:

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from sim.bench import speed as bench
@@ -103,3 +104,17 @@ def test_startup_bench_refuses_no_runs():
 
     with pytest.raises(ValueError, match="runs must be >= 1, got 0"):
         startup.measure(runs=0)
+
+
+@pytest.mark.parametrize("ids, unique", [([2, 0, 1], True), ([5], True), ([], True),
+                                         ([3, 1, 3], False), ([7, 7], False)])
+def test_trace_ids_must_be_unique_in_any_order(ids, unique):
+    from traces.trace import Trace
+
+    n = len(ids)
+    make = lambda: Trace.from_columns(np.arange(n, dtype=float), [10] * n, [5] * n, ids)
+    if unique:
+        assert list(make().request_id) == ids
+    else:
+        with pytest.raises(ValueError, match="request_id values must be unique"):
+            make()

@@ -46,17 +46,18 @@ def build_parser(load=None) -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     loaded = {module for name, module, _ in COMMANDS if load is None or name in load}
-    for name, module, help in COMMANDS:
+    for name, module, line in COMMANDS:
         if name in sub.choices:             # added with another command of its module
             continue
         if module in loaded:
             _register(name, module, sub)
         else:
-            sub.add_parser(name, help=help, add_help=False)
+            sub.add_parser(name, help=line, add_help=False)
     return parser
 
 
 def _register(name: str, module: str, sub) -> None:
+    """Import ``module`` and add its commands' parsers to ``sub``."""
     if name == "calibrate":
         return _add_calibrate(sub)
     group = importlib.import_module(module)

@@ -145,6 +145,6 @@ def test_a_sweep_too_big_for_memory_is_refused_up_front(small_machine, capsys):
                  "--workers", "4"]) == 2
     assert ("the sweep of 4 points: 3,000,000 requests x 4 runs side by side need about 13.5 GB"
             in capsys.readouterr().err)
-    assert main(["sweep", "--num-requests", "10", "--rates", "0.001:100:0.0001",
+    assert main(["sweep", "--num-requests", "10", "--rates", "1:5000:1", "--seeds", "200",
                  "--workers", "1"]) == 2
     assert "sweep fewer points (--rates, --seeds)" in capsys.readouterr().err

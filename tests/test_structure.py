@@ -208,5 +208,8 @@ def test_hawk_calibrate_is_built_in_one_command_module():
         assert not {"register", "add_parser", "cmd_calibrate", "_handler"} & names, module
         assert "argparse" not in imported_names(module, module_files()[module]), module
         assert "add_argument" not in source and "print(" not in source, module
+    from sim.commands.main import COMMANDS
+
+    assert [m for name, m, _ in COMMANDS if name == "calibrate"] == ["sim.commands.calibrate"]
     main = module_files()["sim.commands.main"].read_text()
-    assert "calibrate.add_parser(sub)" in main and "_add_measured_calibration" not in main
+    assert "_add_measured_calibration" not in main and "fit_profile" not in main

@@ -59,7 +59,8 @@ def bare_event_rate(num_events: int = 400_000) -> float:
 
 
 # Run by a fresh interpreter: ``hawk simulate`` up to its first event, then the seconds since
-# the interpreter started (CPU) and since this script started (wall, imports onward).
+# the interpreter started (CPU), since this script started (wall, imports onward) and the
+# instant of the event (``time.time()``: the parent's clock too, for the wall time from spawn).
 STARTUP_SCRIPT = """
 import time
 wall = time.perf_counter()
@@ -76,7 +77,7 @@ from sim.commands.main import main
 try:
     main(["simulate", "--num-requests", "10", "--json"])
 except FirstEvent:
-    print(time.process_time(), time.perf_counter() - wall)
+    print(time.process_time(), time.perf_counter() - wall, time.time())
 """
 #: the goals of ``hawk bench`` (printed beside the measured figures)
 REQUESTS_PER_EVENT_TARGET = 0.06
@@ -87,13 +88,21 @@ STARTUP_TARGET_S = 0.5
 def startup_seconds(timeout_s: float = 120.0) -> tuple[float, float]:
     """``(cpu_s, wall_s)`` a fresh ``hawk simulate`` spends before its first simulated event:
     CPU seconds since the interpreter started, wall seconds since its first import."""
+    cpu_s, wall_s, _ = startup_probe(timeout_s=timeout_s)
+    return cpu_s, wall_s
+
+
+def startup_probe(env: dict | None = None, timeout_s: float = 120.0) -> tuple[float, float, float]:
+    """``startup_seconds``, and the wall seconds from spawning the fresh interpreter (in
+    environment ``env``) to its first simulated event."""
+    spawned_at = time.time()
     done = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT], capture_output=True,
-                          text=True, timeout=timeout_s)
+                          text=True, timeout=timeout_s, env=env)
     fields = done.stdout.split()
-    if done.returncode != 0 or len(fields) != 2:
+    if done.returncode != 0 or len(fields) != 3:
         raise RuntimeError(f"start-up probe failed (exit {done.returncode}): "
                            f"{done.stderr.strip()[-500:]}")
-    return float(fields[0]), float(fields[1])
+    return float(fields[0]), float(fields[1]), float(fields[2]) - spawned_at
 
 
 # Run by a fresh interpreter: ``hawk simulate`` with the given arguments, then its peak

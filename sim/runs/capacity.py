@@ -359,6 +359,15 @@ def _describe_costs(c: dict) -> str:
 
 
 def plot_plan(result: dict, path) -> None:
+    """``plan_figure`` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = plan_figure(result)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plan_figure(result: dict):
     """Cost per successful request vs goodput, every simulated candidate, the frontier joined."""
     import matplotlib
 
@@ -378,5 +387,4 @@ def plot_plan(result: dict, path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from heapq import heappush
 
 import numpy as np
 import simpy
-from simpy.events import NORMAL, Event
+from simpy.events import Event
 
 from policies.batching import blocks_for, chunked_prefill, fcfs_prefill_batch, fcfs_token_budget
 from sim.engine.link import HostQueue
+from sim.engine.timers import schedule_after
 
 
 class PrefillInstance:
@@ -139,12 +139,11 @@ class PrefillInstance:
         self._span = (at, at + duration)
         self.num_batches += 1
         self._batch = finished
-        # The batch's end, as ``Timeout(env, at - now + duration)`` would schedule it (same
-        # instant, priority and place among ties) with the one wake-up event: SimPy 4's
-        # queue holds ``(time, priority, id, event)`` entries (``sim.engine.timers``).
-        env, wakeup = self.env, self._wakeup
+        # The batch's end, as ``Timeout(env, at - now + duration)`` would schedule it, with
+        # the one wake-up event (``sim.engine.timers.schedule_after``).
+        wakeup = self._wakeup
         wakeup.callbacks = self._wakeup_callbacks
-        heappush(env._queue, (now + (at - now + duration), NORMAL, next(env._eid), wakeup))
+        schedule_after(self.env, at - now + duration, wakeup)
 
     def _take_fcfs(self, now: float) -> tuple | None:
         """The FCFS fast path: the longest head of the queue that fits, whole prompts.

@@ -36,8 +36,9 @@ import simpy
 
 from policies.admission import ADMISSION
 from policies.batching import fcfs_decode_admit
-from sim.engine import faults, preemption
+from sim.engine import preemption
 from sim.engine.decode_state import Batch, Preemptions, Pulls, check_decode
+from sim.engine.faults import lose_instance, transfer_failed
 from sim.engine.link import HostQueue
 from sim.engine.timers import MovableTimer
 from traces.schema import Status
@@ -111,8 +112,8 @@ class DecodeInstance:
     num_preemptions = property(lambda self: self.room.num_preemptions)
 
     def lose(self) -> None:
-        """The instance is lost now (``sim.engine.faults.lose``)."""
-        faults.lose(self)
+        """The instance is lost now (``sim.engine.faults.lose_instance``)."""
+        lose_instance(self)
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in decode iterations, for ``t`` = now (the end of a run,
@@ -204,7 +205,7 @@ class DecodeInstance:
     def _arrived(self, transfer: tuple) -> None:
         """The last byte landed: free the sender, then the mechanism's after phase."""
         i, source, cost = transfer
-        if self.faults is not None and faults.transfer_failed(self, transfer):
+        if self.faults is not None and transfer_failed(self, transfer):
             return
         source.release(i)
         if cost.after_s > 0:

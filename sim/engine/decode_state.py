@@ -4,7 +4,7 @@
 (``sim.engine.preemption``) and the fault logic (``sim.engine.faults``) are functions over them.
 Each class says who changes which field. The KV blocks themselves are the pool's
 (``sim.engine.memory``: reservations) and, on-demand, ``sim.engine.memory.GrowingKV``'s (the
-running requests' growth in closed form); both check their own invariants.
+running requests' growth in closed form); ``check_decode`` checks theirs too.
 
 A request assigned to an instance is in exactly one place: ``Pulls.pending`` (waiting for
 memory; a preempted request too), on the link or in its after phase (``Pulls.in_flight`` when
@@ -40,7 +40,8 @@ class Batch:
 
     Changed by the batch loop (``DecodeInstance._boundary``, ``_admit``, ``_plan_from``,
     ``_change_at_next_boundary``, ``_host_change``), by preemption (``make_room``,
-    ``preempt``, ``unjoin``, ``plan_due``: stalls, requests leaving) and by ``faults.lose``.
+    ``preempt``, ``unjoin``, ``plan_due``: stalls, requests leaving) and by
+    ``faults.lose_instance``.
     """
 
     running: list = field(default_factory=list)

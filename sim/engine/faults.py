@@ -101,7 +101,7 @@ def retry(d, transfer: tuple) -> None:
                  getattr(source, "host", None), getattr(cost, "source_host_s", 0.0))
 
 
-def lose(d) -> None:
+def lose_instance(d) -> None:
     """Decode instance ``d`` is lost now: every request it holds fails, and those still
     waiting for their pull fail too or go elsewhere (``[faults] on_instance_loss``)."""
     now, ledger, lost = d.env.now, d.ledger, Status.FAILED_INSTANCE_LOST

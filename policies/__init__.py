@@ -14,6 +14,10 @@ prefill_batching          ``policies.batching.PREFILL_BATCHING``  ``cluster.poli
 fairness                  ``policies.fairness.FAIRNESS``       ``cluster.policies.fairness``
 admission                 ``policies.admission.ADMISSION``     ``cluster.decode.admission``
 ========================  ===================================  ============================
+
+A policy may declare what the simulator can assume of it; a user's own declares the same way or
+is assumed nothing (prefill batching: a ``traits`` attribute, ``policies.batching.BatchingTraits``;
+without one every batch is the policy's own pick, on the general path).
 """
 
 from __future__ import annotations

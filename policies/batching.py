@@ -16,10 +16,16 @@ maps a request to the prompt tokens already computed (chunked prefill; absent = 
 A request's whole prompt takes its blocks when its first tokens are scheduled, so a request
 already started needs none. The returned pairs are the iteration's batch: each request and the
 prompt tokens it computes now; a request leaves the queue when all its tokens are computed.
+
+A policy declares what the simulator may assume of its picks in a ``traits`` attribute
+(``BatchingTraits``); a policy without one, a user's own included, gets no assumption: the
+simulator asks it for every batch. A user's policy that declares the traits of a policy here
+promises to pick as it does, and the simulator takes that policy's fast path.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
 from hardware.kv_layout import blocks_for
@@ -50,6 +56,34 @@ def fcfs_decode_admit(num_waiting: int, num_running: int, max_batch_size: int) -
 
 
 Pick = Callable[..., list]
+
+
+@dataclass(frozen=True)
+class BatchingTraits:
+    """What a prefill batching policy promises about its picks (its ``traits`` attribute).
+
+    ``in_order``: it serves ``order`` as given and stops at the first request that does not
+    fit (no overtaking). With whole prompts that is exactly ``fcfs_prefill_batch``'s head of
+    the queue; splitting prompts, exactly ``chunked_prefill``'s pick. In arrival order (no
+    fairness policy) the simulator then computes the batch itself, without the pick list.
+    ``splits_prompts``: a prompt longer than the token budget is served over several
+    iterations (else it needs one iteration, and a prompt over the budget is rejected).
+    The defaults promise nothing: every batch is the policy's pick."""
+
+    in_order: bool = False
+    splits_prompts: bool = False
+
+
+def traits_of(pick) -> BatchingTraits:
+    """The traits ``pick`` declares (none declared: ``BatchingTraits()``, but a bare
+    ``splits_prompts = True`` attribute still counts)."""
+    traits = getattr(pick, "traits", None)
+    if traits is None:
+        return BatchingTraits(splits_prompts=bool(getattr(pick, "splits_prompts", False)))
+    if not isinstance(traits, BatchingTraits):
+        raise TypeError(f"prefill batching policy {getattr(pick, '__name__', pick)!r}: traits "
+                        f"must be a policies.batching.BatchingTraits, got {traits!r}")
+    return traits
 
 
 def fcfs_token_budget(order: Sequence[int], prompt_lens: Sequence[int], done: Mapping[int, int],
@@ -102,7 +136,9 @@ def chunked_prefill(order: Sequence[int], prompt_lens: Sequence[int], done: Mapp
     return out
 
 
-chunked_prefill.splits_prompts = True   # a prompt longer than the budget is still served
+fcfs_token_budget.traits = BatchingTraits(in_order=True)
+shortest_prompt_first.traits = BatchingTraits()             # reorders: the general path
+chunked_prefill.traits = BatchingTraits(in_order=True, splits_prompts=True)
 
 
 PREFILL_BATCHING: dict[str, Pick] = {

@@ -98,3 +98,30 @@ def assert_sketched_percentiles(summary: dict, records) -> dict[str, float]:
         lower = exact[key] = np.percentile(v[~np.isnan(v)], int(q), method="lower")
         assert abs(summary[key] - lower) <= alpha * abs(lower) + 1e-12, key
     return exact
+
+
+def checked_simulate(config=None, trace=None, **options):
+    """``simulate`` whose decode instances check their state's invariants
+    (``sim.engine.decode_state``) after every timer firing, and hold nothing at the end of
+    a run to its end (``DecodeInstance.check``)."""
+    import sim.engine.cluster as cluster
+    from sim.engine.decode import DecodeInstance
+
+    made = []
+
+    class Checked(DecodeInstance):
+        check_every_step = True
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    base, cluster.DecodeInstance = cluster.DecodeInstance, Checked
+    try:
+        result = cluster.simulate(config, trace, **options)
+    finally:
+        cluster.DecodeInstance = base
+    assert made
+    for d in made:
+        d.check(ended=options.get("until") is None)
+    return result

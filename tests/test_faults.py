@@ -8,7 +8,7 @@ import sim.engine.cluster
 from sim.engine.cluster import simulate
 from sim.config import ConfigError
 from traces.schema import write_records
-from tests.builders import make_config, random_trace
+from tests.builders import checked_simulate, make_config, random_trace
 
 INSTANTS = ["prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer_end_at",
             "first_token_at", "finished_at"]
@@ -16,7 +16,7 @@ INSTANTS = ["prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer
 
 def run(num_requests=200, rate=1.5, trace_seed=1, **changes):
     trace = random_trace(np.random.default_rng(trace_seed), num_requests, rate, max_output=300)
-    return simulate(make_config(**changes), trace)
+    return checked_simulate(make_config(**changes), trace)   # invariants: every step
 
 
 @settings(max_examples=15, deadline=None)

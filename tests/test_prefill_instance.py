@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import simpy
 
-from policies.batching import chunked_prefill
+from policies.batching import (BatchingTraits, chunked_prefill, fcfs_token_budget,
+                               shortest_prompt_first, traits_of)
 from policies.fairness import WeightedFair
 from sim.engine.cluster import simulate
 from sim.engine.ledger import Ledger
 from sim.engine.prefill import PrefillInstance
-from tests.builders import make_config, make_trace
+from tests.builders import make_config, make_trace, random_trace
 
 
 class PerToken:
@@ -143,3 +144,75 @@ def test_roofline_prefill_time_of_a_batch_is_its_closed_form(tp):
                 + pred.allreduce_time(tokens) + eff.step_overhead_s)
     assert pred.prefill_time(lens) == pytest.approx(expected, rel=1e-12)
     assert (pred.allreduce_time(tokens) > 0) == (tp > 1)
+
+
+# -- what a batching policy declares (policies.batching.BatchingTraits) ----------------------
+def declared_chunked(*args):
+    """A user's chunked prefill that declares the built-in one's traits."""
+    return chunked_prefill(*args)
+
+
+def declared_fcfs(*args):
+    """A user's whole-prompt FCFS that declares the built-in one's traits."""
+    return fcfs_token_budget(*args)
+
+
+def undeclared_chunked(*args):
+    """A user's chunked prefill that declares nothing: the general path."""
+    return chunked_prefill(*args)
+
+
+declared_chunked.traits = chunked_prefill.traits
+declared_fcfs.traits = fcfs_token_budget.traits
+
+
+def run_policy(monkeypatch, name: str, max_batch_tokens: int):
+    """Records of a loaded run with prefill batching ``name``, and the path the prefill
+    instance took (the name of its ``_take``)."""
+    import sim.engine.cluster
+
+    made, base = [], sim.engine.cluster.PrefillInstance
+    monkeypatch.setattr(sim.engine.cluster, "PrefillInstance",
+                        lambda *a, **k: made.append(base(*a, **k)) or made[-1])
+    trace = random_trace(np.random.default_rng(5), 300, 3.0, max_prompt=4000)
+    config = make_config(**{"cluster.policies.prefill_batching": name,
+                            "cluster.prefill.max_batch_tokens": max_batch_tokens})
+    return simulate(config, trace).records, made[0]._take.__name__
+
+
+@pytest.mark.parametrize("builtin, user, path", [
+    ("chunked", "tests.test_prefill_instance:declared_chunked", "_take_chunked"),
+    ("fcfs", "tests.test_prefill_instance:declared_fcfs", "_take_fcfs")])
+def test_a_user_policy_declaring_a_builtins_traits_takes_its_path_and_gives_its_records(
+        monkeypatch, builtin, user, path):
+    # a budget shorter than the longest prompts: chunked splits them, FCFS rejects them
+    reference, builtin_path = run_policy(monkeypatch, builtin, max_batch_tokens=3000)
+    records, user_path = run_policy(monkeypatch, user, max_batch_tokens=3000)
+    assert builtin_path == user_path == path
+    assert records.equals(reference)
+    assert (reference["status"] == "ok").all() == (builtin == "chunked")   # FCFS rejects some
+    assert (reference["status"] == "ok").mean() > 0.5
+
+
+def test_a_user_policy_declaring_nothing_takes_the_general_path_with_the_same_records(
+        monkeypatch):
+    # every prompt fits the budget (a policy that promises nothing may not split them); a
+    # batch's last request still gets a chunk, so chunked and FCFS batches differ
+    reference, _ = run_policy(monkeypatch, "chunked", max_batch_tokens=4096)
+    records, path = run_policy(monkeypatch, "tests.test_prefill_instance:undeclared_chunked",
+                               max_batch_tokens=4096)
+    fcfs, _ = run_policy(monkeypatch, "fcfs", max_batch_tokens=4096)
+    assert path == "_take_general"
+    assert records.equals(reference)
+    assert (records["status"] == "ok").all() and not records.equals(fcfs)
+
+
+def test_traits_that_are_not_batching_traits_are_refused_naming_the_policy():
+    def odd(*args):
+        return []
+
+    odd.traits = {"in_order": True}
+    with pytest.raises(TypeError, match="prefill batching policy 'odd': traits must be"):
+        traits_of(odd)
+    assert traits_of(undeclared_chunked) == BatchingTraits()
+    assert traits_of(shortest_prompt_first) == BatchingTraits()

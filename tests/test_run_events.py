@@ -1,4 +1,4 @@
-"""``sim.engine.cluster.run_events``: SimPy's run loop with ``step`` inlined must process the same
+"""``sim.engine.timers.run_events``: SimPy's run loop with ``step`` inlined must process the same
 events in the same order as ``env.run`` and fail the same way."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from sim.engine.cluster import run_events
+from sim.engine.timers import run_events
 
 
 def scenario(env: simpy.Environment, log: list, fail_at: float | None = None) -> None:

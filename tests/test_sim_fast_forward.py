@@ -9,16 +9,18 @@ from sim.engine.cluster import make_predictor, simulate
 from sim.paper.experiments import serving_config
 from sim.models.predictor import Predictor
 from sim.models.table import TablePredictor
-from tests.builders import make_config, make_trace, random_trace
+from tests.builders import checked_simulate, make_config, make_trace, random_trace
 
 INSTANTS = ["prefill_start_at", "prefill_end_at", "transfer_start_at", "transfer_end_at",
             "first_token_at", "finished_at"]
 
 
 def run_both(config, trace, predictors=None):
-    fast = simulate(config, trace, predictors=predictors).records
-    slow = simulate(config.replace(**{"cluster.fast_forward": False}), trace,
-                    predictors=predictors).records
+    """Records of the fast path and the oracle, each decode instance checking its state's
+    invariants after every timer firing and at the end (``tests.builders.checked_simulate``)."""
+    fast = checked_simulate(config, trace, predictors=predictors).records
+    slow = checked_simulate(config.replace(**{"cluster.fast_forward": False}), trace,
+                            predictors=predictors).records
     return fast, slow
 
 
@@ -58,8 +60,8 @@ def test_fast_forward_matches_oracle_through_preemption(seed, rate, max_batch, d
                             "cluster.decode.max_num_blocks": blocks,
                             "cluster.decode.admission": "on-demand-swap" if swap
                             else "on-demand-recompute"})
-    fast = simulate(config, trace)
-    slow = simulate(config.replace(**{"cluster.fast_forward": False}), trace)
+    fast = checked_simulate(config, trace)
+    slow = checked_simulate(config.replace(**{"cluster.fast_forward": False}), trace)
     assert fast.stats["decode_preemptions"] == slow.stats["decode_preemptions"]
     assert_same_instants(fast.records, slow.records)
 
@@ -74,18 +76,19 @@ def test_fast_forward_preempts_somewhere_in_the_property_above():
 
 def test_restores_at_one_boundary_join_it_with_one_replan(monkeypatch):
     """Restores reserved at the boundary just reached join it with one plan for all of them
-    (``DecodeInstance._plan_due``), each stalling the batch in turn: as the oracle has it."""
-    from sim.engine.decode import DecodeInstance
+    (``sim.engine.preemption.plan_due``), each stalling the batch in turn: as the oracle has
+    it."""
+    from sim.engine import preemption
 
     restored_together = []
-    plan_due = DecodeInstance._plan_due
+    plan_due = preemption.plan_due
 
-    def spy(self, now):
-        if self._rejoin:
-            restored_together.append(len(self._restoring))
-        plan_due(self, now)
+    def spy(d, now):
+        if d.room.rejoin:
+            restored_together.append(len(d.room.restoring))
+        plan_due(d, now)
 
-    monkeypatch.setattr(DecodeInstance, "_plan_due", spy)
+    monkeypatch.setattr(preemption, "plan_due", spy)
     trace = random_trace(np.random.default_rng(4), 150, 4.0, max_output=300)
     config = make_config(**{"cluster.decode.max_batch_size": 32,
                             "cluster.decode.max_num_blocks": 200})
@@ -108,7 +111,7 @@ def test_changes_before_a_boundary_are_planned_there_while_requests_wait(monkeyp
         plan_from(self, at)
 
     def spy_change(self, now):
-        before, waiting = plans[0], self.fast_forward and bool(self.pending)
+        before, waiting = plans[0], self.fast_forward and bool(self.pulls.pending)
         change(self, now)
         if waiting:
             planned.append(plans[0] > before)
@@ -230,9 +233,9 @@ def test_busy_time_of_a_cut_run_matches_the_oracle(mechanism):
     keys = ("prefill_busy_s", "decode_busy_s", "link_busy_s")
     last = None
     for cut in (7.3, 19.05, 33.3, 61.7, None):
-        fast = simulate(config, trace, until=cut).stats
-        slow = simulate(config.replace(**{"cluster.fast_forward": False}), trace,
-                        until=cut).stats
+        fast = checked_simulate(config, trace, until=cut).stats
+        slow = checked_simulate(config.replace(**{"cluster.fast_forward": False}), trace,
+                                until=cut).stats
         values = [np.ravel(fast[k]).sum() for k in keys]
         assert values == pytest.approx([np.ravel(slow[k]).sum() for k in keys], abs=1e-9)
         if cut is not None:

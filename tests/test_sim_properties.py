@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from hardware import catalog
 from sim.engine.cluster import simulate
 from sim.models.table import TablePredictor
-from tests.builders import make_config, make_trace, random_trace
+from tests.builders import checked_simulate, make_config, make_trace, random_trace
 from traces.schema import Status, read_records, write_records
 
 ORDER = ["arrival_at", "prefill_start_at", "prefill_end_at", "transfer_start_at",
@@ -43,7 +43,7 @@ def test_every_request_ends_once_in_order(seed, rate, prefills, decodes, batch, 
                             "cluster.prefill.kv_cache_gb": buffer_gb,
                             "cluster.prefill.max_batch_tokens": 8192,
                             "cluster.policies.prefill_batching": "fcfs"})   # whole prompts
-    result = simulate(config, trace)
+    result = checked_simulate(config, trace)
     check_invariants(trace, result.records)
     too_long = trace.num_prompt_tokens > 8192
     statuses = result.records["status"].to_numpy()
@@ -64,7 +64,7 @@ def test_decode_back_pressure_reaches_prefill():
                              "cluster.decode.max_num_blocks": 0})
     # prefill 0.1 s per request, decode 50 ms per step: a request decodes for ~2.5 s
     table = TablePredictor([1, 10_000], [0.1, 0.1], [1, 64], [0, 1e7], [[0.05, 0.05]] * 2)
-    result = simulate(config, trace, predictors=(table, table))
+    result = checked_simulate(config, trace, predictors=(table, table))
     records = result.records.sort_values("request_id")
     check_invariants(trace, records)
     assert (records["status"] == "ok").all()
@@ -103,7 +103,7 @@ def test_requests_that_can_never_fit_fail_with_named_statuses():
 
 def test_cut_runs_record_unfinished_requests():
     trace = random_trace(np.random.default_rng(1), 50, 2.0)
-    result = simulate(make_config(), trace, until=10.0)
+    result = checked_simulate(make_config(), trace, until=10.0)
     records = result.records
     statuses = set(records["status"])
     assert "unfinished" in statuses and len(records) == 50

@@ -213,3 +213,36 @@ def test_hawk_calibrate_is_built_in_one_command_module():
     assert [m for name, m, _ in COMMANDS if name == "calibrate"] == ["sim.commands.calibrate"]
     main = module_files()["sim.commands.main"].read_text()
     assert "_add_measured_calibration" not in main and "fit_profile" not in main
+
+
+def simpy_private_uses(path: Path) -> list[str]:
+    """Each mention of SimPy's private queue (``._queue``, ``._eid``) and each write of its
+    clock (``._now = ...``) in ``path``, as ``line: what``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for part in ast.walk(target):
+                if isinstance(part, ast.Attribute) and part.attr == "_now":
+                    found.append(f"{node.lineno}: writes ._now")
+        if isinstance(node, ast.Attribute) and node.attr in ("_queue", "_eid"):
+            found.append(f"{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_only_the_timers_module_touches_simpys_queue():
+    """``sim.engine.timers`` relies on SimPy's queue layout (and ``tests/test_timers.py``
+    checks it); every other module goes through it, reading ``env._now`` at most."""
+    timers = ROOT / "sim" / "engine" / "timers.py"
+    assert simpy_private_uses(timers)                        # the reader sees the real uses
+    outside = {str(path.relative_to(ROOT)): uses for path in sorted((ROOT / "sim").rglob("*.py"))
+               if path != timers and (uses := simpy_private_uses(path))}
+    assert outside == {}
+
+
+def test_the_queue_check_finds_a_push_and_a_clock_write(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f(env, e):\n    env._queue.append(e)\n    env._now, x = 1.0, 2\n"
+                    "    y = env._now\n")
+    assert sorted(simpy_private_uses(path)) == ["2: ._queue", "3: writes ._now"]   # not line 4

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-from heapq import heappop
 from dataclasses import dataclass, field
 
 import simpy
@@ -27,6 +26,7 @@ from sim.models.predictor import Predictor, RooflinePredictor, load_profile
 from sim.engine.prefill import PrefillInstance
 from sim.engine.measured import SerialLink, measured_parts
 from sim.engine.router import Router
+from sim.engine.timers import run_events
 from sim.config.run_size import check_run_size, expected_num_requests
 from sim.models.transfer import pricing_for, transfer_params
 from traces.trace import Trace
@@ -328,31 +328,6 @@ def _free_blocks(pool) -> int:
     (``sim.engine.memory.SingleBufferPool``) offers its slot columns free in every bank."""
     free = getattr(pool, "free_blocks", None)
     return int(free) if free is not None else int((~pool.used.any(axis=0)).sum())
-
-
-def run_events(env: simpy.Environment, until: float | None = None) -> None:
-    """``env.run(until)``. A run to the end steps SimPy's event queue itself, with
-    ``Environment.step`` inlined after the first event: the same events in the same order,
-    and a failed event that nobody defused raises as ``step`` raises it, but one Python call
-    fewer per event (of about three per request). The first event goes through ``step``,
-    where ``hawk bench``'s start-up probe stops a run. Relies on SimPy 4's queue of
-    ``(time, priority, id, event)`` entries, as ``sim.engine.timers`` does (``tests/test_timers.py``
-    checks it)."""
-    if until is not None:
-        env.run(until=until)
-        return
-    queue = env._queue
-    if queue:
-        env.step()
-    while queue:
-        env._now, _, _, event = heappop(queue)
-        callbacks, event.callbacks = event.callbacks, None
-        for callback in callbacks:
-            callback(event)
-        if not event._ok and not hasattr(event, "_defused"):
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
 
 
 def _monitor(env, ledger, interval: float, samples: list):

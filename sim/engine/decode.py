@@ -36,14 +36,27 @@ import simpy
 
 from policies.admission import ADMISSION
 from policies.batching import fcfs_decode_admit
-from sim.engine.faults import DecodeFaults
+from sim.engine import preemption
+from sim.engine.decode_state import Batch, Preemptions, Pulls, check_decode
+from sim.engine.faults import lose_instance, transfer_failed
 from sim.engine.link import HostQueue
-from sim.engine.preemption import DecodePreemption
 from sim.engine.timers import MovableTimer
 from traces.schema import Status
 
 
-class DecodeInstance(DecodePreemption, DecodeFaults):
+class DecodeInstance:
+    """One decode instance. Its state is three objects (``sim.engine.decode_state``, where
+    their invariants are written): ``batch`` (the running batch and the live run),
+    ``pulls`` (requests waiting for memory or on the link) and ``room`` (on-demand blocks
+    and preemption); ``kv`` is the running requests' on-demand blocks
+    (``sim.engine.memory.GrowingKV``, None when requests reserve up front). The rest is
+    configuration and collaborators, set here and never changed (``faults``, ``reroute``:
+    by the cluster before the run; ``lost``: once, by ``lose``)."""
+
+    #: check every invariant of ``sim.engine.decode_state`` after each timer firing (slow:
+    #: for tests, which set it on the class)
+    check_every_step = False
+
     def __init__(self, env: simpy.Environment, index: int, ledger, predictor, link, *,
                  memory, pricing, max_batch_size: int, host_slowdown: float = 1.0,
                  fast_forward: bool = True, admission: str = "oracle-reserve",
@@ -51,79 +64,70 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
         self.env, self.index, self.ledger = env, index, ledger
         self.predictor, self.link = predictor, link
         self.memory, self.pricing = memory, pricing
-        self._stages = memory.stages      # the pool frees staging space once re-laid out
+        self.stages = memory.stages       # the pool frees staging space once re-laid out
         self.max_batch_size = max_batch_size
         self.host_slowdown = host_slowdown
         self.fast_forward = fast_forward
         # The engine pads every request to the batch's longest context: a step costs
         # batch x the longest (sim.models.predictor.BATCH_PADDINGS), a total that also grows by
         # batch per step, so a run's closed form still holds until membership changes.
-        self._padded = getattr(predictor, "batch_padding", "none") == "longest"
+        self.padded = getattr(predictor, "batch_padding", "none") == "longest"
         self.host = HostQueue()           # this node's host CPU and PCIe root (sim.engine.link)
-        self.pending: deque = deque()     # (request, prefill instance) awaiting memory
-        self.waiting: deque[int] = deque()  # KV in the pool, waiting for a batch slot
-        self.running: list = []           # (finish_iteration, request), sorted
-        self.num_assigned = 0             # requests offered and not yet ended
-        self.iteration = 0                # iterations completed since the start of the run
-        self._context_base = 0            # total context = base + len(running) * iteration
-        self._host_jobs = 0               # host-staged after phases running on this node
-        self._factor = 1.0                # step-time factor in force (host slowdown)
-        self._plan: tuple | None = None   # (start_at, batch, context, steps, factor)
-        self._timer = MovableTimer(env, self._on_timer)   # at the live run's end
-        self._timer_steps = 0             # iterations of the live run
-        self._end = 0.0                   # when the live run ends
-        self.busy_time = 0.0              # runs committed so far (up to the live plan's start)
-        self.num_iterations = 0
-        self.num_wakeups = 0              # timer firings: each ends a run at a boundary
         # KV admission (policies.admission). A staging pool (GN-Direct's single buffer) lays
         # each request out whole when it lands, so it reserves prompt + output whatever the
         # policy: on-demand growth is modelled for the block and HAWK pools.
         self.admission = ADMISSION[admission]
         self.max_tokens = max_tokens          # longest context one request may reach here
         self.restore_time = restore_time      # (tokens, "recompute"|"swap") -> seconds
-        self._recompute_seconds: dict = {}    # tokens -> restore_time(tokens, "recompute")
-        on_demand = self.admission.on_demand and not self._stages
+        on_demand = self.admission.on_demand and not self.stages
         if not on_demand:
-            self.admission = ADMISSION["oracle-reserve"] if self._stages else self.admission
-        self._kv = None
+            self.admission = ADMISSION["oracle-reserve"] if self.stages else self.admission
+        self.kv = None
         if on_demand:
             from sim.engine.memory import GrowingKV
 
-            self._kv = GrowingKV(memory)
-        self._resume: dict = {}               # preempted request -> context it resumes with
-        self._preempted_at: dict = {}         # preempted request -> instant of its preemption
-        self._restoring: list = []            # (request, seconds): KV being restored
-        self._stall = 0.0                     # restore/swap seconds due at the next boundary
-        self._boundary_at = 0.0               # when the live plan's first boundary was reached
-        self._rejoin = False                  # restores reserved at that boundary: replan it
-        self._due: float | None = None        # a boundary's run start, planned after its pulls
-        self.num_preemptions = 0
-        self._preempted_step = -1             # the last step that preempted (no joins then)
-        self._joined: list = []               # (request, restored?) joined at _boundary_at
-        self._redo_due = False                # the boundary planned ahead is redone when reached
-        self._idle_at = 0.0                   # when the last run ended (idle since)
-        self._slack = memory.free_blocks if hasattr(memory, "free_blocks") else 0
-        # blocks pulls may take without cutting the live run short (on-demand; < 0: check)
+            self.kv = GrowingKV(memory)
+        self.batch, self.pulls = Batch(), Pulls()
+        self.room = Preemptions(slack=memory.free_blocks if hasattr(memory, "free_blocks")
+                                else 0)
+        self.timer = MovableTimer(env, self._on_timer_checked if self.check_every_step
+                                  else self._on_timer)   # at the live run's end
         # Faults (sim.engine.faults): set by the cluster when the run injects any.
         self.faults = None
         self.reroute = None                   # (request, source) -> None: another instance
         self.lost = False
-        self._in_flight: dict = {}            # request -> its source until its bytes land
-        self._num_failed: dict = {}           # request -> failed attempts of its transfer
-        self._attempt_at: dict = {}           # request -> start of its current retry
+
+    def check(self, ended: bool = False) -> None:
+        """Assert every invariant of the instance's state (``sim.engine.decode_state``);
+        ``ended``: the run went to its end, so it holds nothing."""
+        check_decode(self, ended)
+
+    def _on_timer_checked(self) -> None:
+        self._on_timer()
+        check_decode(self)
+
+    # the run's statistics (``sim.engine.cluster``)
+    num_iterations = property(lambda self: self.batch.num_iterations)
+    num_wakeups = property(lambda self: self.batch.num_wakeups)
+    num_preemptions = property(lambda self: self.room.num_preemptions)
+
+    def lose(self) -> None:
+        """The instance is lost now (``sim.engine.faults.lose_instance``)."""
+        lose_instance(self)
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in decode iterations, for ``t`` = now (the end of a run,
         cut or not). Runs are committed up to the live plan's start, which lies past ``t``
         only when a run was committed ahead to its next boundary: then the term below is
         negative and takes that part back; otherwise it adds the live run up to ``t``."""
-        if self._plan is None:
-            return self.busy_time
-        return self.busy_time + min(t, self._end) - self._plan[0]
+        batch = self.batch
+        if batch.plan is None:
+            return batch.busy_time
+        return batch.busy_time + min(t, batch.end_at) - batch.plan[0]
 
     @property
     def load(self) -> int:
-        return self.num_assigned
+        return self.pulls.num_assigned
 
     def fits_many(self, prompts: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         """Whether each request could ever fit this instance's memory (arrays of lengths;
@@ -138,36 +142,38 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
             self.ledger.fail(i, Status.FAILED_INSTANCE_LOST, self.env.now)
             source.release(i)
             return
-        self.num_assigned += 1
+        pulls = self.pulls
+        pulls.num_assigned += 1
         self.ledger.decode_instance[i] = self.index
-        self.pending.append((i, source))
-        if len(self.pending) == 1:            # else it waits behind earlier requests
+        pulls.pending.append((i, source))
+        if len(pulls.pending) == 1:           # else it waits behind earlier requests
             self._pull()
 
     def _pull(self) -> None:
-        ledger, pending, now = self.ledger, self.pending, self.env._now
+        ledger, pulls, now = self.ledger, self.pulls, self.env._now
+        pending = pulls.pending
         try_reserve, prompt, output = self.memory.try_reserve, ledger.prompt, ledger.output
-        kv, oracle = self._kv, self.admission.name == "oracle-reserve"
+        kv, room, oracle = self.kv, self.room, self.admission.name == "oracle-reserve"
         while pending:
             i, source = pending[0]
             if kv is None:
-                extra = output[i] if oracle else self._reservation(i)
+                extra = output[i] if oracle else preemption.reservation(self, i)
             else:                     # on-demand: the blocks of the context it lands with
                 if source is None:    # preempted: it resumes with the context it had
-                    if now < self._preempted_at[i]:
+                    if now < room.preempted_at[i]:
                         break         # preempted at a boundary planned ahead: not yet reached
-                    context = self._resume[i]
+                    context = room.resume[i]
                 else:
-                    if self._rejoin or self._due is not None:
-                        self._plan_due(now)
+                    if room.rejoin or room.due is not None:
+                        preemption.plan_due(self, now)
                     context = prompt[i] + 1
-                if self.num_assigned - len(pending) >= self.max_batch_size:
+                if pulls.num_assigned - len(pending) >= self.max_batch_size:
                     break             # no batch slot for it yet (vLLM's max_num_seqs)
                 need = -(-context // kv.block_size)
-                if need <= self._slack:
-                    self._slack -= need                # the live run keeps its blocks
-                elif self._fits(need):
-                    self._slack = -1                   # the live run may be short of blocks
+                if need <= room.slack:
+                    room.slack -= need                 # the live run keeps its blocks
+                elif preemption.fits(self, need):
+                    room.slack = -1                    # the live run may be short of blocks
                 else:
                     self.memory.num_waits += 1
                     break
@@ -179,27 +185,27 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
             if verdict == "oom":
                 ledger.fail(i, Status.FAILED_OUT_OF_MEMORY, now)
                 source.release(i)
-                self.num_assigned -= 1
+                pulls.num_assigned -= 1
                 continue
             if source is None:                        # preempted: its KV comes back here
-                self._restore(i, context, now)
+                preemption.restore(self, i, context, now)
                 continue
-            if self._slack < 0:
-                self._after_reserving(now)
+            if room.slack < 0:                        # (on-demand only)
+                preemption.after_reserving(self, now)
             if self.faults is not None:
-                self._in_flight[i] = source
+                pulls.in_flight[i] = source
             cost = self.pricing.price(prompt[i])
             ledger.kv_bytes[i] = int(cost.wire_bytes)
             ledger.transfer_start_at[i] = now
             self.link.start(cost.before_s, cost.wire_bytes, self._arrived, (i, source, cost),
                             getattr(source, "host", None), getattr(cost, "source_host_s", 0.0))
-        if self._rejoin or self._due is not None:
-            self._plan_due(now)
+        if kv is not None and (room.rejoin or room.due is not None):
+            preemption.plan_due(self, now)
 
     def _arrived(self, transfer: tuple) -> None:
         """The last byte landed: free the sender, then the mechanism's after phase."""
         i, source, cost = transfer
-        if self.faults is not None and self._transfer_fault(transfer):
+        if self.faults is not None and transfer_failed(self, transfer):
             return
         source.release(i)
         if cost.after_s > 0:
@@ -224,32 +230,33 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
         if self.faults is not None:
             if self.lost:
                 return                            # failed with the instance
-            self._in_flight.pop(i, None)
-        ledger, now = self.ledger, self.env._now
-        if self._stages:
+            self.pulls.in_flight.pop(i, None)
+        ledger, now, batch = self.ledger, self.env._now, self.batch
+        if self.stages:
             self.memory.relayout_done(i)
         ledger.transfer_end_at[i] = ledger.first_token_at[i] = now
         if ledger.output[i] == 1:
             self._finish(i, now)
             self._pull()
             return
-        self.waiting.append(i)
-        if self._plan is None:
+        batch.waiting.append(i)
+        if batch.plan is None:
             self._boundary(0)
-        elif len(self.running) < self.max_batch_size:
+        elif len(batch.running) < self.max_batch_size:
             self._change_at_next_boundary(now)
 
     def _finish(self, i: int, now: float) -> None:
         self.ledger.finish(i, now)
         self.memory.release(i)
-        self.num_assigned -= 1
+        self.pulls.num_assigned -= 1
 
     def _host_change(self, delta: int) -> None:
-        self._host_jobs += delta
-        factor = self.host_slowdown if self._host_jobs else 1.0
-        if factor != self._factor:
-            self._factor = factor
-            if self._plan is not None:
+        batch = self.batch
+        batch.host_jobs += delta
+        factor = self.host_slowdown if batch.host_jobs else 1.0
+        if factor != batch.factor:
+            batch.factor = factor
+            if batch.plan is not None:
                 self._change_at_next_boundary(self.env.now)
 
     # -- the batch loop -----------------------------------------------------------------
@@ -259,23 +266,24 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
         the next run from it, now. Only the timer moves; no event marks the join."""
         if not self.fast_forward:
             return                                     # the oracle stops at every boundary
-        start, batch, context, steps, factor = self._plan
-        if now < start and now < self._boundary_at:
+        b, kv = self.batch, self.kv
+        start, batch, context, steps, factor = b.plan
+        if now < start and now < b.boundary_at:
             # A planned run not yet begun: redo it from the same boundary (its instant stays
-            # ``_boundary_at``; ``start`` is later by any restore stall planned there). If room
+            # ``boundary_at``; ``start`` is later by any restore stall planned there). If room
             # must or may be made there (short of blocks, or requests wait for memory), redo
             # it when the boundary is reached: memory freed before then (a failed transfer, a
             # one-token request ending as it lands) may spare the requests a redo now would
             # preempt, and the changes before then (landings come in bursts as memory frees)
             # take one redo, not one each, for a timer firing. Else redo it now (no event).
-            if self._redo_due:
+            if b.redo_due:
                 return
-            if self._kv is not None and self.running and (
-                    self.pending or self._kv.short(self.iteration)):
-                self._redo_due = True
-                self._timer.set(self._boundary_at)
+            if kv is not None and b.running and (
+                    self.pulls.pending or kv.short(b.iteration)):
+                b.redo_due = True
+                self.timer.set(b.boundary_at)
                 return
-            self._redo(short=False)
+            preemption.redo(self, short=False)
             return
         # (in a stall, its first step has begun)
         done, t = self.predictor.decode_next_boundary(batch, context, steps,
@@ -283,59 +291,63 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
         if done >= steps:
             return                                     # the run's end is that boundary
         at = start + factor * t
-        if self._kv is not None and (self.pending or self._slack < 0 and
-                                     self._kv.short(self.iteration + done)):
+        if kv is not None and (self.pulls.pending or self.room.slack < 0 and
+                               kv.short(b.iteration + done)):
             # Room must or may be made at that boundary (a run with slack >= 0 has the blocks
             # of all its steps; requests waiting for memory may take them): decide whom to
             # preempt when it is reached (memory freed before then may spare them), with the
             # changes made until then planned once. The live run ends there instead.
-            self._plan = (start, batch, context, done, factor)
-            self._timer_steps, self._end, self._slack = done, at, -1
-            self._timer.set(at)
+            b.plan = (start, batch, context, done, factor)
+            b.steps, b.end_at, self.room.slack = done, at, -1
+            self.timer.set(at)
             return
-        self.busy_time += at - start
-        self.num_iterations += done
-        self.iteration += done
+        b.busy_time += at - start
+        b.num_iterations += done
+        b.iteration += done
         self._plan_from(self._admit(at))
 
     def _on_timer(self) -> None:
-        self.num_wakeups += 1
-        if self._redo_due:                     # a boundary planned ahead, reached: redo it
-            self._redo_due = False
-            self._redo()
+        batch = self.batch
+        batch.num_wakeups += 1
+        if batch.redo_due:                     # a boundary planned ahead, reached: redo it
+            batch.redo_due = False
+            preemption.redo(self)
             return
-        self._boundary(self._timer_steps)
+        self._boundary(batch.steps)
 
     def _boundary(self, steps: int) -> None:
         """``steps`` iterations of the live run have completed: finish, admit, replan."""
-        now, ledger, running = self.env._now, self.ledger, self.running
-        if self._plan is not None:
-            self.busy_time += now - self._plan[0]
-            self.num_iterations += steps
-        self.iteration += steps
-        it = self.iteration
+        now, ledger, batch, kv = self.env._now, self.ledger, self.batch, self.kv
+        running = batch.running
+        if batch.plan is not None:
+            batch.busy_time += now - batch.plan[0]
+            batch.num_iterations += steps
+        batch.iteration += steps
+        it = batch.iteration
         freed = False
         if running and running[0][0] == it:
             prompt, joined = ledger.prompt, ledger.join_iteration
             while running and running[0][0] == it:
                 _, i = running.pop(0)
-                self._context_base -= (self._kv.leave(i) if self._kv is not None
+                batch.context_base -= (kv.leave(i) if kv is not None
                                        else prompt[i] + 1 - joined[i])
                 self._finish(i, now)
             freed = True
-        at = now if self._plan is not None or now >= self._idle_at else self._idle_at
-        if freed and self.pending and self._kv is not None:
+        at = now if batch.plan is not None or now >= batch.idle_at else batch.idle_at
+        pending = self.pulls.pending
+        if freed and pending and kv is not None:
             at = self._admit(at)
             if running:
                 # Pulls follow: restores among them join this boundary, so plan once they are
-                # in (``_plan_due``); until then the step in progress is this boundary's.
-                self._due, self._slack = at, -1
+                # in (``preemption.plan_due``); until then the step in progress is this
+                # boundary's.
+                self.room.due, self.room.slack = at, -1
             else:
                 self._plan_from(at)
             self._pull()
             return
         self._plan_from(self._admit(at))
-        if freed and self.pending:
+        if freed and pending:
             self._pull()
 
     def _admit(self, at: float, redo: bool = False, room: bool = True) -> float:
@@ -343,61 +355,64 @@ class DecodeInstance(DecodePreemption, DecodeFaults):
         blocks for; restores and swaps stall the batch), then join waiting requests. Returns
         the run's start (``at`` after any stall). ``redo``: the boundary planned last again;
         ``room`` False: the step's blocks are known to be there."""
-        running, waiting, it, kv = self.running, self.waiting, self.iteration, self._kv
+        batch, kv = self.batch, self.kv
+        running, waiting, it = batch.running, batch.waiting, batch.iteration
+        pre = self.room
         if not redo:
-            self._boundary_at = at
-            if self._joined:
-                self._joined.clear()
-        # The last plan left ``_slack`` blocks over its last step; one step more takes at
+            batch.boundary_at = at
+            if pre.joined:
+                pre.joined.clear()
+        # The last plan left ``slack`` blocks over its last step; one step more takes at
         # most one block per request it ran, so only a smaller slack needs the bound.
-        if room and kv is not None and (self._restoring or self._stall or running and (
-                self._plan is None or self._slack < self._plan[1]) and
+        if room and kv is not None and (pre.restoring or pre.stall or running and (
+                batch.plan is None or pre.slack < batch.plan[1]) and
                 kv.growth_upper(it) > self.memory.free_blocks):
-            at = self._make_room(at, it)
-        if waiting and self._preempted_step != it:     # no joins in a step that preempted
-            ledger, resume = self.ledger, self._resume
+            at = preemption.make_room(self, at, it)
+        if waiting and pre.preempted_step != it:      # no joins in a step that preempted
+            ledger, resume = self.ledger, pre.resume
             for _ in range(fcfs_decode_admit(len(waiting), len(running), self.max_batch_size)):
                 i = waiting.popleft()
                 ledger.join_iteration[i] = it
                 prompt = ledger.prompt[i]
                 restored = bool(resume) and i in resume
                 context = resume.pop(i) if restored else prompt + 1
-                self._context_base += context - it
+                batch.context_base += context - it
                 insort(running, (it + ledger.output[i] - context + prompt, i))
                 if kv is not None:
                     kv.join(i, context - it, it)
-                    self._joined.append((i, restored))
+                    pre.joined.append((i, restored))
         return at
 
     def _plan_from(self, at: float) -> None:
         """Plan the run from the boundary reached (starting at ``at``): up to the next finish
         (fast-forward) or one iteration (the oracle); on-demand, also up to the first step
         short of blocks, where running requests are preempted."""
-        running, it, kv = self.running, self.iteration, self._kv
+        b, kv = self.batch, self.kv
+        running, it = b.running, b.iteration
         if running:
-            batch, factor = len(running), self._factor
+            batch, factor = len(running), b.factor
             steps = running[0][0] - it if self.fast_forward else 1
             if kv is not None:
-                if self.waiting and self._preempted_step == it:
+                if b.waiting and self.room.preempted_step == it:
                     steps = 1                      # they join at the next boundary
                 B = kv.block_size                  # spare blocks over the run's last step
                 slack = self.memory.free_blocks + kv.reserved - (
-                    self._context_base + batch * (it + steps + B - 2)) // B
+                    b.context_base + batch * (it + steps + B - 2)) // B
                 if slack < 0:
                     steps, slack = kv.steps_short(it, steps), 0
-                self._slack = slack
-            context = self._context_base + batch * it
-            if self._padded:              # a request's context is its offset + it, where
+                self.room.slack = slack
+            context = b.context_base + batch * it
+            if self.padded:               # a request's context is its offset + it, where
                 ledger = self.ledger      # offset = prompt + output - finish iteration
                 context = batch * (it + max([ledger.prompt[i] + ledger.output[i] - f
                                              for f, i in running]))
-            self._plan = (at, batch, context, steps, factor)
+            b.plan = (at, batch, context, steps, factor)
             end = at + factor * self.predictor.decode_time(batch, context, steps)
-            self._timer_steps, self._end = steps, end
-            self._timer.set(end)                   # moved, or set when none is pending
+            b.steps, b.end_at = steps, end
+            self.timer.set(end)                    # moved, or set when none is pending
         else:
-            self._plan = None
-            self._timer.cancel()
-            self._idle_at = at                 # a boundary planned ahead ends there
+            b.plan = None
+            self.timer.cancel()
+            b.idle_at = at                     # a boundary planned ahead ends there
             if kv is not None:
-                self._slack = self.memory.free_blocks
+                self.room.slack = self.memory.free_blocks

@@ -1,7 +1,9 @@
 """Faults in a simulated run: KV transfers that fail and are retried, decode instances lost.
 
 Configured by ``[faults]`` (``sim.config.FaultsConfig``); nothing is injected by default. This
-module decides, the decode instance acts (``sim.engine.decode``):
+module decides, and its functions over a decode instance ``d`` (``sim.engine.decode``) act on
+``d.pulls`` (``in_flight``, ``num_failed``, ``attempt_at``: ``sim.engine.decode_state``) and,
+when the instance is lost, on all its state:
 
 - A KV transfer attempt fails with probability ``transfer_failure_prob``, or when any moment
   of it on the wire (from its start to its last byte) falls in a ``link_down`` interval. The
@@ -61,71 +63,72 @@ class Faults:
         return self.config.retry_backoff_s
 
 
-class DecodeFaults:
-    """The decode instance's side of faults (``sim.engine.decode.DecodeInstance`` mixes it in): what
-    a failed attempt and a lost instance do to its requests and memory."""
-
-    def _transfer_fault(self, transfer: tuple) -> bool:
-        """The attempt of ``transfer`` has completed: True when it failed (it is retried after
-        the backoff, or the request fails) or the instance was lost meanwhile."""
-        i, source, cost = transfer
-        if self.lost:
-            return True
-        now, faults = self.env.now, self.faults
-        started = self._attempt_at.pop(i, self.ledger.transfer_start_at[i])
-        if not faults.attempt_failed(started, now):
-            self._in_flight[i] = None                  # the caller frees the sender
-            self._num_failed.pop(i, None)
-            return False
-        failed = self._num_failed[i] = self._num_failed.get(i, 0) + 1
-        if faults.may_retry(failed):
-            timer = self.env.timeout(faults.backoff_s)
-            timer.callbacks.append(lambda _ev: self._retry(transfer))
-            return True
-        del self._num_failed[i], self._in_flight[i]
-        self.ledger.fail(i, Status.FAILED_TRANSFER, now)
-        source.release(i)
-        self.memory.release(i)
-        self.num_assigned -= 1
-        if self.pending:
-            self._pull()
+def transfer_failed(d, transfer: tuple) -> bool:
+    """The attempt of ``transfer`` has completed at decode instance ``d``: True when it
+    failed (it is retried after the backoff, or the request fails) or ``d`` was lost
+    meanwhile."""
+    i, source, cost = transfer
+    if d.lost:
         return True
+    now, faults, pulls = d.env.now, d.faults, d.pulls
+    started = pulls.attempt_at.pop(i, d.ledger.transfer_start_at[i])
+    if not faults.attempt_failed(started, now):
+        pulls.in_flight[i] = None                  # the caller frees the sender
+        pulls.num_failed.pop(i, None)
+        return False
+    failed = pulls.num_failed[i] = pulls.num_failed.get(i, 0) + 1
+    if faults.may_retry(failed):
+        timer = d.env.timeout(faults.backoff_s)
+        timer.callbacks.append(lambda _ev: retry(d, transfer))
+        return True
+    del pulls.num_failed[i], pulls.in_flight[i]
+    d.ledger.fail(i, Status.FAILED_TRANSFER, now)
+    source.release(i)
+    d.memory.release(i)
+    pulls.num_assigned -= 1
+    if pulls.pending:
+        d._pull()
+    return True
 
-    def _retry(self, transfer: tuple) -> None:
-        if self.lost:
-            return
-        i, source, cost = transfer
-        self._attempt_at[i] = self.env.now
-        self.link.start(cost.before_s, cost.wire_bytes, self._arrived, transfer,
-                        getattr(source, "host", None), getattr(cost, "source_host_s", 0.0))
 
-    def lose(self) -> None:
-        """The instance is lost now: every request it holds fails, and those still waiting
-        for their pull fail too or go elsewhere (``[faults] on_instance_loss``)."""
-        now, ledger, lost = self.env.now, self.ledger, Status.FAILED_INSTANCE_LOST
-        self.lost = True
-        if self._plan is not None:
-            self.busy_time += min(now, self._end) - self._plan[0]
-        self._plan = None
-        self._timer.cancel()
-        reroute = self.reroute if self.faults.config.on_instance_loss == "reroute" else None
-        for i, source in self.pending:
-            if source is not None and reroute is not None:
-                reroute(i, source)
-                continue
-            ledger.fail(i, lost, now)
-            if source is not None:
-                source.release(i)
-        for i, source in self._in_flight.items():
-            ledger.fail(i, lost, now)
-            if source is not None:                   # its bytes had not all landed
-                source.release(i)
-        for i in [i for i, _ in self._restoring] + list(self.waiting) + [
-                i for _, i in self.running]:
-            ledger.fail(i, lost, now)
-        memory = self.memory
-        for i in list(memory.held if hasattr(memory, "held") else memory.blocks):
-            memory.release(i)
-        self.pending.clear(), self._in_flight.clear(), self._restoring.clear()
-        self.waiting.clear(), self.running.clear()
-        self.num_assigned = 0
+def retry(d, transfer: tuple) -> None:
+    """Start the attempt of ``transfer`` again, unless ``d`` was lost meanwhile."""
+    if d.lost:
+        return
+    i, source, cost = transfer
+    d.pulls.attempt_at[i] = d.env.now
+    d.link.start(cost.before_s, cost.wire_bytes, d._arrived, transfer,
+                 getattr(source, "host", None), getattr(cost, "source_host_s", 0.0))
+
+
+def lose_instance(d) -> None:
+    """Decode instance ``d`` is lost now: every request it holds fails, and those still
+    waiting for their pull fail too or go elsewhere (``[faults] on_instance_loss``)."""
+    now, ledger, lost = d.env.now, d.ledger, Status.FAILED_INSTANCE_LOST
+    batch, pulls, room = d.batch, d.pulls, d.room
+    d.lost = True
+    if batch.plan is not None:
+        batch.busy_time += min(now, batch.end_at) - batch.plan[0]
+    batch.plan = None
+    d.timer.cancel()
+    reroute = d.reroute if d.faults.config.on_instance_loss == "reroute" else None
+    for i, source in pulls.pending:
+        if source is not None and reroute is not None:
+            reroute(i, source)
+            continue
+        ledger.fail(i, lost, now)
+        if source is not None:
+            source.release(i)
+    for i, source in pulls.in_flight.items():
+        ledger.fail(i, lost, now)
+        if source is not None:                   # its bytes had not all landed
+            source.release(i)
+    for i in [i for i, _ in room.restoring] + list(batch.waiting) + [
+            i for _, i in batch.running]:
+        ledger.fail(i, lost, now)
+    memory = d.memory
+    for i in list(memory.held if hasattr(memory, "held") else memory.blocks):
+        memory.release(i)
+    pulls.pending.clear(), pulls.in_flight.clear(), room.restoring.clear()
+    batch.waiting.clear(), batch.running.clear()
+    pulls.num_assigned = 0

@@ -44,7 +44,9 @@ OK, WAIT, OOM = "ok", "wait", "oom"
 
 
 class BlockPool:
-    """``capacity_blocks`` blocks; a request reserves blocks for prompt + output at once."""
+    """``capacity_blocks`` blocks; a request reserves blocks for prompt + output at once.
+    Invariant: ``sum(held.values()) + free_blocks == capacity_blocks`` (checked by
+    ``sim.engine.decode_state.check_block_pool``)."""
 
     stages = False        # whether ``relayout_done`` frees anything (a staging buffer)
 
@@ -255,7 +257,8 @@ class GrowingKV:
     ``sum(q) + n T + #(rho + tau >= 1) + #(rho + tau > B)``: the residues ``rho``, kept
     sorted, answer it by bisection, for any step from the newest join on. An upper bound,
     ``(sum(base) + n (t + B - 1)) // B``, settles most questions in O(1). ``base`` keeps
-    admission order (the most recent is the one preempted).
+    admission order (the most recent is the one preempted). Invariants (checked by
+    ``sim.engine.decode_state.check_growing_kv``): the sums and residues are ``base``'s.
     """
 
     def __init__(self, pool: BlockPool):

@@ -13,22 +13,24 @@ Other policies (``policies.batching.PREFILL_BATCHING``: shortest-prompt-first, c
 the batching policy picks (request, tokens) pairs from the queue, and a request leaves the queue
 once all its prompt tokens are computed (``done``). Without a fairness policy the queue is a
 deque in arrival order (a chunked batch's finished requests lead it); with one, a list kept in
-the policy's order. Whole-prompt FCFS keeps the head-of-queue fast path (``_take_fcfs``);
-chunked prefill in arrival order takes a lone queued request directly (``_take_chunked``).
+the policy's order. The policy's declared traits (``policies.batching.BatchingTraits``) choose
+the fast paths, in arrival order only: whole prompts in order (FCFS) keep the head-of-queue
+fast path (``_take_fcfs``); prompts split in order (chunked prefill) take a lone queued
+request directly (``_take_chunked``). A policy that declares neither takes the general path.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
-from heapq import heappush
 
 import numpy as np
 import simpy
-from simpy.events import NORMAL, Event
+from simpy.events import Event
 
-from policies.batching import blocks_for, chunked_prefill, fcfs_prefill_batch, fcfs_token_budget
+from policies.batching import blocks_for, fcfs_prefill_batch, fcfs_token_budget, traits_of
 from sim.engine.link import HostQueue
+from sim.engine.timers import schedule_after
 
 
 class PrefillInstance:
@@ -57,7 +59,11 @@ class PrefillInstance:
         self.host = HostQueue()           # this node's host CPU and PCIe root (staging copies)
         self.save_time = None             # prompt -> s the engine spends saving its KV to host
                                           # memory (host-staged mechanisms: wait_for_save)
-        self.pick, self.fairness = pick, fairness   # None, None: FCFS fast path
+        # The batching policy (None: FCFS, ``fcfs_token_budget``) and what it promises
+        # (``policies.batching.BatchingTraits``): in arrival order, a policy in order takes a
+        # fast path; any other, or any in a fairness policy's order, the general path.
+        self.pick, self.fairness = pick, fairness
+        self.traits = traits_of(pick or fcfs_token_budget)
         if pick is not None or fairness is not None:
             self.done: dict[int, int] = {}   # request -> prompt tokens computed so far
             self.pick = pick or fcfs_token_budget
@@ -72,16 +78,18 @@ class PrefillInstance:
         self._wakeup = Event(env)
         self._wakeup._ok, self._wakeup._value = True, None
         self._wakeup_callbacks = [self._done]
-        self._take = self._take_fcfs if self.pick is None else self._take_general
-        if (pick is chunked_prefill and fairness is None and max_batch_size > 0
-                and max_batch_tokens > 0):        # (the policy picks nothing from a 0 budget)
-            self._take = self._take_chunked
+        self._take = self._take_general
+        if fairness is None and self.traits.in_order:
+            if not self.traits.splits_prompts:
+                self._take = self._take_fcfs
+            elif max_batch_size > 0 and max_batch_tokens > 0:   # (a 0 budget picks nothing)
+                self._take = self._take_chunked
 
     def fits_many(self, prompts: np.ndarray) -> np.ndarray:
         """Whether each prompt can ever be prefilled here (an array of prompt lengths)."""
         prompts = np.asarray(prompts, dtype=np.int64)
         fits = blocks_for(prompts, self.block_size) <= self.buffer_blocks
-        if not getattr(self.pick, "splits_prompts", False):
+        if not self.traits.splits_prompts:
             fits &= prompts <= self.max_batch_tokens    # one iteration per prompt
         return fits
 
@@ -139,12 +147,11 @@ class PrefillInstance:
         self._span = (at, at + duration)
         self.num_batches += 1
         self._batch = finished
-        # The batch's end, as ``Timeout(env, at - now + duration)`` would schedule it (same
-        # instant, priority and place among ties) with the one wake-up event: SimPy 4's
-        # queue holds ``(time, priority, id, event)`` entries (``sim.engine.timers``).
-        env, wakeup = self.env, self._wakeup
+        # The batch's end, as ``Timeout(env, at - now + duration)`` would schedule it, with
+        # the one wake-up event (``sim.engine.timers.schedule_after``).
+        wakeup = self._wakeup
         wakeup.callbacks = self._wakeup_callbacks
-        heappush(env._queue, (now + (at - now + duration), NORMAL, next(env._eid), wakeup))
+        schedule_after(self.env, at - now + duration, wakeup)
 
     def _take_fcfs(self, now: float) -> tuple | None:
         """The FCFS fast path: the longest head of the queue that fits, whole prompts.

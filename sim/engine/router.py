@@ -44,7 +44,7 @@ class Router:
         """Rejection codes (``sim.engine.ledger.REJECTIONS``) of requests of these lengths. The
         checks depend only on lengths and fixed capacities; instances of a role are alike."""
         too_long = prompt + output > self.max_context
-        if not getattr(self.prefills[0].pick, "splits_prompts", False):
+        if not self.prefills[0].traits.splits_prompts:
             too_long |= prompt > self.prefills[0].max_batch_tokens  # one iteration per prompt
         no_prefill = ~self.prefills[0].fits_many(prompt)
         no_decode = ~self.decodes[0].fits_many(prompt, output)

@@ -148,6 +148,11 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         raise ConfigError(f"cells.count = {config.cells.count}: a run of cells goes through "
                           f"sim.runs.cells.run.simulate_cells (hawk simulate --cells); simulate() runs one "
                           f"router domain and would silently ignore the others")
+    if config.cluster.kind == "aggregated":      # no P/D pool (sim.engine.pools)
+        from sim.engine.pools import simulate_aggregated
+
+        return simulate_aggregated(config, trace, until=until, predictors=predictors,
+                                   stream=stream)
     if stream is None:
         trace = trace if trace is not None else workload_trace(config)
         check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")

@@ -1,0 +1,167 @@
+"""Aggregated pools: build the aggregated instances of a ``[cluster]`` and run a trace
+through a cluster of ``kind = "aggregated"`` (``sim.engine.cluster.simulate`` hands such a
+config here; ``kind = "both"`` stays there, with ``aggregated_pool`` and
+``sim.engine.router.PoolRouter`` beside its P/D pool).
+
+An aggregated instance takes its KV blocks from the device memory left after the weights
+(``kv_capacity_blocks``, as a decode instance does) and its timing from the same predictors
+(``make_predictor``): the roofline's or a table's ``mixed_step_time``. No KV moves, so the
+records' transfer fields stay NaN and ``kv_bytes`` 0, and ``prefill_instance`` =
+``decode_instance`` = the aggregated instance's index. The stats keep the P/D run's keys
+(an aggregated instance counts as both a prefill and a decode one: ``prefill_busy_s`` and
+``decode_busy_s`` both hold its busy time) plus ``aggregated_*`` ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import simpy
+
+from hardware import catalog
+from policies import resolve
+from traces import metrics
+from traces.tenants import by_tenant
+from sim.config import ConfigError, RunConfig, provenance
+from sim.config.run_size import check_run_size
+from sim.engine.aggregated import AggregatedInstance
+from sim.engine.ledger import Ledger
+from sim.engine.router import LazyArrivals, PoolRouter
+
+
+def aggregated_pool(env, config: RunConfig, ledger, predictor=None, trace=None,
+                    index_offset: int = 0) -> list[AggregatedInstance]:
+    """The ``[cluster.aggregated]`` instances of ``config`` (``predictor`` replaces the
+    roofline); ``trace`` (when given) is checked to fit one instance's KV cache."""
+    from sim.engine.cluster import kv_capacity_blocks, make_predictor
+
+    cl = config.cluster
+    inst = cl.aggregated
+    blocks = kv_capacity_blocks(config, inst)
+    if trace is not None and len(trace):
+        longest = int((trace.num_prompt_tokens + trace.num_output_tokens).max())
+        if -(-longest // inst.block_size) > blocks:
+            raise ConfigError(
+                f"cluster.aggregated: {blocks} KV blocks of {inst.block_size} tokens hold "
+                f"{blocks * inst.block_size} tokens, but the workload's longest request "
+                f"(prompt + output) has {longest}; raise kv_cache_gb or max_num_blocks, tp, "
+                f"or choose a smaller kv_dtype")
+    predictor = predictor or make_predictor(config, inst)
+    pol = cl.policies
+    fair = None if pol.fairness == "fcfs" else resolve("fairness", pol.fairness)
+    return [AggregatedInstance(env, k, ledger, predictor, max_batch_size=inst.max_batch_size,
+                               max_batch_tokens=inst.max_batch_tokens, num_blocks=blocks,
+                               block_size=inst.block_size, fast_forward=cl.fast_forward,
+                               fairness=fair(pol.tenant_weights, pol.priority_tenants)
+                               if fair else None, record_index=index_offset + k)
+            for k in range(inst.num_instances)]
+
+
+def check_faults(config: RunConfig, num_instances: int) -> None:
+    """Only instance loss applies to an aggregated cluster: it moves no KV cache."""
+    f = config.faults
+    if f.transfer_failure_prob or f.link_down:
+        raise ConfigError("faults.transfer_failure_prob / faults.link_down: an aggregated "
+                          "cluster moves no KV cache; only faults.instance_loss applies")
+    for k, (index, _at) in enumerate(f.instance_loss):
+        if index >= num_instances:
+            raise ConfigError(f"faults.instance_loss[{k}]: index {index}, but the cluster "
+                              f"has {num_instances} aggregated instance(s)")
+
+
+def simulate_aggregated(config: RunConfig, trace=None, *, until: float | None = None,
+                        predictors: tuple | None = None, stream=None, log_steps=False):
+    """``sim.engine.cluster.simulate`` for ``kind = "aggregated"``: the same records and
+    summary keys. ``predictors`` = (predictor,) or a pair whose first is used.
+    ``log_steps`` keeps each instance's steps (``AggregatedInstance.log``)."""
+    from sim.engine.cluster import RunResult, run_events, workload_trace
+
+    if stream is None:
+        trace = trace if trace is not None else workload_trace(config)
+        check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
+    cl = config.cluster
+    model = catalog.model(cl.model)
+    wall = time.perf_counter()
+    env = simpy.Environment()
+    if stream is None:
+        ledger = Ledger(trace)
+    else:
+        from sim.engine.stream import open_ledger
+
+        ledger = open_ledger(config, trace, stream, until, False)
+    pool = aggregated_pool(env, config, ledger, predictors[0] if predictors else None,
+                           trace if stream is None else None)
+    check_faults(config, len(pool))
+    for inst in pool:
+        inst.log = [] if log_steps else None
+    if len(pool) == 1:
+        LazyArrivals(ledger, pool[0], model.max_context)
+    else:
+        PoolRouter(env, ledger, pool, resolve("routing", cl.routing), model.max_context)
+    for index, at in config.faults.instance_loss:
+        env.timeout(at).callbacks.append(lambda _ev, a=pool[index]: a.lose())
+    try:
+        run_events(env, until)
+    except BaseException as exc:
+        if stream is not None:
+            ledger.close(exc)
+        raise
+    if stream is None:
+        records = ledger.frame(cut_at=until)
+        summary = metrics.summarize(records, config.slo.ttft_s, config.slo.tpot_s)
+        tenants = by_tenant(records, config.slo.ttft_s, config.slo.tpot_s)
+    else:
+        records = None
+        ledger.close()
+        summary, tenants = ledger.summary()
+    if tenants is not None:
+        summary["tenants"] = tenants
+    summary["sim_wall_time_s"] = time.perf_counter() - wall
+    summary["simulated_time_s"] = span = float(env.now)
+    stats = pool_stats(pool, span)
+    summary.update(metrics.utilization(stats, span))
+    summary.update(aggregated_energy(stats, summary, config))
+    summary["config"] = provenance(config)
+    return RunResult(config, records, summary, stats,
+                     aggregate=None if stream is None else ledger.aggregate)
+
+
+def pool_stats(pool: list, now: float) -> dict:
+    """The run's stats in the P/D run's keys (no link), plus the aggregated ones."""
+    busy = [a.busy_within(now) for a in pool]
+    return {"prefill_busy_s": busy, "decode_busy_s": busy,
+            "prefill_batches": [a.num_steps for a in pool],
+            "decode_iterations": [a.num_steps for a in pool],
+            "decode_wakeups": [a.num_wakeups for a in pool],
+            "link_busy_s": 0.0, "link_bytes": 0,
+            "decode_capacity_blocks": pool[0].num_blocks if pool else 0,
+            "decode_preemptions": [a.num_preemptions for a in pool],
+            "failed_transfer_attempts": 0, "in_system": [],
+            **aggregated_stats(pool, now)}
+
+
+def aggregated_stats(pool: list, now: float) -> dict:
+    return {"aggregated_busy_s": [a.busy_within(now) for a in pool],
+            "aggregated_steps": [a.num_steps for a in pool],
+            "aggregated_wakeups": [a.num_wakeups for a in pool],
+            "aggregated_preemptions": [a.num_preemptions for a in pool],
+            "aggregated_capacity_blocks": pool[0].num_blocks if pool else 0}
+
+
+def aggregated_energy(stats: dict, summary: dict, config: RunConfig) -> dict:
+    """Energy of the aggregated pool's devices (``sim.models.power``): busy at the decode
+    phase's power (an aggregated step streams the weights as a decode step does), idle
+    otherwise. Dollars per request are left to the cost model (NaN here)."""
+    from sim.models.power import device_energy_j, power_model, profile_of
+
+    inst = config.cluster.aggregated
+    model = power_model(profile_of(config), inst.device)
+    span = float(summary["simulated_time_s"])
+    joules = sum(inst.tp * device_energy_j(model, "decode", b, span)
+                 for b in stats["aggregated_busy_s"])
+    power = joules / span if span > 0 else 0.0
+    tps = float(summary.get("output_tokens_per_s", 0.0))
+    return {"energy_j": joules, "average_power_w": power,
+            "tokens_per_joule": tps / power if power > 0 else 0.0,
+            "tokens_per_s_per_dollar": math.nan, "usd_per_request": math.nan}

@@ -12,6 +12,8 @@ Prints, for a Chatbot run near the knee:
   same arrival rate. The latter is 10x the decode demand of a run at the knee: the queue
   grows without bound and the full KV pool preempts and restores requests over and over
   (``num_preemptions_per_request``), so its cost is per preemption, not per output token;
+- the same two figures for an aggregated cluster on as many devices (``aggregated_case``):
+  requests per bare event at the same rate, and the 10x-output ratio at equal offered load;
 - the start-up of ``hawk simulate``: a fresh interpreter's seconds up to its first simulated
   event (imports, config, trace; ``startup_s`` in CPU seconds, ``startup_wall_s`` on the
   clock; target ``STARTUP_TARGET_S``);
@@ -243,11 +245,49 @@ def run(num_requests: int = 100_000, rate: float | None = None, seed: int = 0,
         # each repeat's own figures (its bare loop, its runs): how much the machine moved them
         "per_repeat": per_repeat,
     }
+    report.update(aggregated_case(rate, num_requests, seed, repeats))
     if memory_requests:
         report["peak_rss_mb"] = peak_memory_mb(memory_requests, rate, stream=False, seed=seed)
         report["peak_rss_mb_streamed"] = peak_memory_mb(memory_requests, rate, stream=True,
                                                         seed=seed)
     return report
+
+
+def aggregated_config(seed: int = 0) -> RunConfig:
+    """The aggregated case: as many devices as the default P/D cluster's (two prefill-side
+    and decode-side instances of TP4), as two aggregated A100 instances of TP4."""
+    from sim.config import from_dict
+
+    return from_dict({"seed": seed, "cluster": {"kind": "aggregated",
+                                                "aggregated": {"num_instances": 2}}})
+
+
+def aggregated_case(rate: float, num_requests: int, seed: int, repeats: int) -> dict:
+    """Requests per bare event of an aggregated Chatbot run at ``rate`` (the P/D run's, on
+    as many devices), and its wall ratio with 10x outputs at 1/10 the rate (the same output
+    tokens per second). Best of ``repeats``, each beside its own bare loop."""
+    config = aggregated_config(seed)
+    runs = {"1x": make_workload("chatbot", rate, num_requests, seed=seed),
+            "10x": _longer_outputs(rate / 10, num_requests, seed)}
+    walls = dict.fromkeys(runs, math.inf)
+    results: dict = {}
+    bare = 0.0
+    for _ in range(repeats):
+        bare = max(bare, bare_event_rate())
+        for name, trace in runs.items():
+            wall, results[name] = _timed(config, trace)
+            walls[name] = min(walls[name], wall)
+    one = results["1x"].stats
+    return {
+        "aggregated_requests_per_bare_event": num_requests / walls["1x"] / bare,
+        "aggregated_wall_s": walls["1x"],
+        "aggregated_slo_attainment": results["1x"].summary["slo_attainment"],
+        "aggregated_wakeups_per_request": sum(one["aggregated_wakeups"]) / num_requests,
+        "aggregated_steps_per_request": sum(one["aggregated_steps"]) / num_requests,
+        "aggregated_long_output_wall_ratio": walls["10x"] / walls["1x"],
+        "aggregated_long_output_wakeups_per_request":
+            sum(results["10x"].stats["aggregated_wakeups"]) / num_requests,
+    }
 
 
 def format_report(r: dict) -> str:
@@ -271,6 +311,15 @@ def format_report(r: dict) -> str:
         f"  start-up to first event  {r['startup_s']:>12.3f} s CPU "
         f"({r['startup_wall_s']:.3f} s wall; target < {STARTUP_TARGET_S:g} s)",
     ]
+    if "aggregated_requests_per_bare_event" in r:
+        lines += [
+            f"  aggregated, 2x A100 TP4  {r['aggregated_requests_per_bare_event']:>12.4f}   "
+            f"requests per bare event (SLO attainment "
+            f"{100 * r['aggregated_slo_attainment']:.1f}%; "
+            f"{r['aggregated_wakeups_per_request']:.2f} timer firings per request)",
+            f"    10x longer outputs     {r['aggregated_long_output_wall_ratio']:>12.2f}x wall "
+            f"(the same output tokens/s; "
+            f"{r['aggregated_long_output_wakeups_per_request']:.2f} firings per request)"]
     spread = r.get("per_repeat")
     if spread and len(spread["requests_per_bare_event"]) > 1:
         def span(key: str, fmt: str) -> str:

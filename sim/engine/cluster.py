@@ -217,8 +217,14 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         from tqdm import tqdm
 
         bar = tqdm(total=ledger.n, desc="arrivals", unit="req", disable=None, leave=False)
-    Router(env, ledger, prefills, decodes, resolve("routing", cl.routing), model.max_context, bar,
-           eager=eager_arrivals)
+    pool = None                  # kind "both": an aggregated pool beside (sim.engine.pools)
+    if cl.kind == "both":
+        from sim.engine.pools import beside_pd
+
+        pool = beside_pd(env, config, ledger, prefills, decodes, model.max_context)
+    else:
+        Router(env, ledger, prefills, decodes, resolve("routing", cl.routing),
+               model.max_context, bar, eager=eager_arrivals)
     samples: list[tuple[float, int]] = []
     if monitor_interval_s is not None:
         env.process(_monitor(env, ledger, monitor_interval_s, samples))
@@ -271,6 +277,10 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         summary["profile"] = {"path": measured.profile.path,
                               "complete": measured.profile.complete,
                               "extrapolated": measured.extrapolation()}
+    if pool is not None:
+        from sim.engine.pools import add_pool
+
+        add_pool(summary, stats, pool, config, float(env.now))
     summary["config"] = provenance(config)      # every resolved value and where it came from
     return RunResult(config, records, summary, stats,
                      aggregate=None if stream is None else ledger.aggregate)

@@ -146,7 +146,8 @@ def aggregated_stats(pool: list, now: float) -> dict:
             "aggregated_steps": [a.num_steps for a in pool],
             "aggregated_wakeups": [a.num_wakeups for a in pool],
             "aggregated_preemptions": [a.num_preemptions for a in pool],
-            "aggregated_capacity_blocks": pool[0].num_blocks if pool else 0}
+            "aggregated_capacity_blocks": pool[0].num_blocks if pool else 0,
+            "aggregated_blocks_in_use": [a.num_blocks - a.free_blocks for a in pool]}
 
 
 def aggregated_energy(stats: dict, summary: dict, config: RunConfig) -> dict:
@@ -165,3 +166,37 @@ def aggregated_energy(stats: dict, summary: dict, config: RunConfig) -> dict:
     return {"energy_j": joules, "average_power_w": power,
             "tokens_per_joule": tps / power if power > 0 else 0.0,
             "tokens_per_s_per_dollar": math.nan, "usd_per_request": math.nan}
+
+
+def beside_pd(env, config: RunConfig, ledger, prefills: list, decodes: list,
+              max_context: int) -> list[AggregatedInstance]:
+    """``kind = "both"``: the aggregated pool and the router over it and the P/D pool.
+    Its instances' record index follows the P/D instances' (from max(prefill, decode
+    instances)), so the records tell the pools apart."""
+    from policies.routing import POOL_ROUTING
+
+    cl = config.cluster
+    offset = max(len(prefills), len(decodes))
+    pool = aggregated_pool(env, config, ledger, index_offset=offset)
+    choose = POOL_ROUTING[cl.pool_routing]
+    if cl.pool_routing == "share":
+        choose = choose(cl.aggregated_share)
+    devices = (cl.aggregated.tp * cl.aggregated.num_instances,
+               cl.prefill.tp * cl.prefill.num_instances + cl.decode.tp * cl.decode.num_instances)
+    PoolRouter(env, ledger, pool, resolve("routing", cl.routing), max_context,
+               prefills=prefills, decodes=decodes, pool_route=choose, devices=devices)
+    return pool
+
+
+def add_pool(summary: dict, stats: dict, pool: list, config: RunConfig, now: float) -> None:
+    """A ``kind = "both"`` run's summary and stats with its aggregated pool: its stats, and
+    its energy added to the P/D pool's."""
+    stats.update(aggregated_stats(pool, now))
+    energy = aggregated_energy(stats, summary, config)
+    summary["aggregated_energy_j"] = energy["energy_j"]
+    summary["aggregated_utilization"] = (sum(stats["aggregated_busy_s"]) / len(pool) / now
+                                         if now > 0 else math.nan)
+    total = summary["energy_j"] + energy["energy_j"]
+    power = total / now if now > 0 else 0.0
+    summary.update(energy_j=total, average_power_w=power,
+                   tokens_per_joule=summary["output_tokens_per_s"] / power if power else 0.0)

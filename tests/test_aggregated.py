@@ -218,3 +218,27 @@ def test_an_aggregated_request_arriving_at_a_boundary_joins_the_step_starting_th
     inst, rec = make_instance(trace)
     assert inst.log[1][0] == 1.8 and [c[0] for c in inst.log[1][3]] == [0, 1]
     assert math.isclose(rec["finished_at"][1], 1.8 + 1.5)
+
+
+def test_a_priority_tenant_is_served_first_from_the_waiting_queue():
+    from traces.trace import Trace
+
+    n = 400
+    rng = np.random.default_rng(3)
+    base = make_trace(np.cumsum(rng.exponential(0.3, n)), rng.integers(200, 2000, n),
+                      rng.integers(10, 200, n))
+    tenant = np.where(np.arange(n) % 2 == 0, "a", "b")
+    trace = Trace(base.arrival_at, base.num_prompt_tokens, base.num_output_tokens,
+                  base.request_id, tenant=tenant)
+    waits = {}
+    for fairness in ("fcfs", "weighted_fair"):
+        config = from_dict({"cluster": {"kind": "aggregated",
+                                        "aggregated": {"max_batch_size": 8},
+                                        "policies": {"fairness": fairness,
+                                                     "priority_tenants": ["a"]}}})
+        rec = simulate(config, trace).records
+        assert (rec["status"] == "ok").all()
+        wait = rec["prefill_start_at"] - rec["arrival_at"]
+        waits[fairness] = wait.groupby(rec["tenant"]).mean()
+    assert waits["weighted_fair"]["a"] < 0.5 * waits["weighted_fair"]["b"]
+    assert waits["fcfs"]["a"] == pytest.approx(waits["fcfs"]["b"], rel=0.5)

@@ -17,10 +17,9 @@ blocks are freed, its computed tokens forgotten, and it goes to the front of the
 queue to prefill its prompt and the tokens it had generated again (recompute). A waiting
 request whose first chunk's blocks cannot be had waits, and so do the ones behind it.
 
-A step that computes a request's last uncomputed token samples its next token: the step that
-finishes a prompt gives the first token (TTFT is that step's end), each decode step one more;
-a request ends when it has all its output tokens. The step's time is the predictor's
-``mixed_step_time(prefill chunks, decode contexts)`` (``sim.models.predictor``).
+A step that computes a request's last uncomputed token samples its next one: the step that
+finishes a prompt gives the first token (TTFT: that step's end), each decode step one more.
+A step's time is the predictor's ``mixed_step_time(prefill chunks, decode contexts)``.
 
 Fast-forward: a step of decodes only, with no waiting request that could join before the
 next finish, repeats with the same members until the first of: a request finishing, the
@@ -30,21 +29,24 @@ meanwhile (``decode_next_boundary``). A request that arrives at a boundary's ins
 the step that starts there (arrivals are admitted before boundaries of the same instant:
 ``sim.engine.router``). With ``fast_forward=False`` every step is its own timer: the oracle.
 
-Records: ``prefill_start_at`` is the start of the step of its first chunk,
-``prefill_end_at`` = ``first_token_at`` the end of the step that finished its prompt first;
-no KV moves (``transfer_*_at`` NaN, ``kv_bytes`` 0); ``prefill_instance`` and
-``decode_instance`` are both this instance's index.
+Bookkeeping is O(1) per step, not per running request: every decoding request computes one
+token per step, so its computed tokens are ``base + it`` and it ends at a known step (a
+sorted list); the blocks a step starts are counted by ``base`` modulo the block size.
+
+Records: ``prefill_start_at`` is the start of the step of its first chunk, ``prefill_end_at``
+= ``first_token_at`` the end of the step that first finished its prompt; no KV moves
+(``transfer_*_at`` NaN, ``kv_bytes`` 0); ``prefill_instance`` = ``decode_instance`` = this
+instance's index.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
-
 import numpy as np
 
 from sim.engine.timers import MovableTimer
+from sim.engine.waiting import WaitingQueue
 from traces.schema import Status
 
 
@@ -64,15 +66,19 @@ class AggregatedInstance:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.free_blocks = num_blocks
         self.fast_forward = fast_forward
-        self.fairness = fairness
-        self.waiting: deque[int] | list[int] = deque() if fairness is None else []
-        self._keys: list = []                 # fairness keys of ``waiting`` (sorted)
-        self._count = 0
+        tenant = getattr(ledger.trace, "tenant", None)
+        self.waiting = WaitingQueue(fairness, tenant)   # preempted first, then new ones
         self.running: list[int] = []          # admission order: the newest last
-        self.computed: dict[int, int] = {}    # num_computed_tokens (KV held)
-        self.generated: dict[int, int] = {}   # output tokens sampled so far
-        self.held: dict[int, int] = {}        # KV blocks held
-        self.decoding: set[int] = set()       # running, past its (re)prefill
+        # A decoding request computes one token per step, so its num_computed_tokens is
+        # base + it (``it``: steps taken); it ends at step prompt + output - 1 - base.
+        self.it = 0
+        self.decoding: dict[int, int] = {}    # request -> base
+        self._finishing: list = []            # (step it ends at, request), sorted
+        self._residues = [0] * block_size     # decoding requests by base % block_size
+        self._base_sum = 0
+        self.computed: dict[int, int] = {}    # running, still prefilling -> tokens computed
+        self.generated: dict[int, int] = {}   # not decoding -> output tokens sampled so far
+        self._preempted: set[int] = set()     # waiting to recompute
         self._step: tuple | None = None       # (start, decodes, chunks, steps, context)
         self._timer = MovableTimer(env, self._on_timer)
         self.source = None                    # lazy arrivals (sim.engine.router), or None
@@ -81,7 +87,8 @@ class AggregatedInstance:
         self.num_steps = 0                    # engine steps taken
         self.num_wakeups = 0                  # timer firings
         self.num_preemptions = 0
-        self.log: list | None = None          # (start, end, decodes, chunks) per run, if set
+        self.log: list | None = None          # (start, end, decodes, chunks, steps) per run
+        self._logged: tuple = ()              # the decodes of the step in progress, logged
 
     # -- what the router sees -------------------------------------------------------------
     @property
@@ -107,16 +114,7 @@ class AggregatedInstance:
             ledger.fail(i, Status.FAILED_INSTANCE_LOST, self.env._now)
             return
         self.generated[i] = 0
-        if self.fairness is None:
-            self.waiting.append(i)
-        else:
-            tenant = getattr(ledger.trace, "tenant", None)
-            key = (self.fairness.tag(tenant[i] if tenant is not None else "",
-                                     ledger.prompt[i]), self._count)
-            self._count += 1
-            k = bisect.bisect(self._keys, key)
-            self._keys.insert(k, key)
-            self.waiting.insert(k, i)
+        self.waiting.add(i, ledger.prompt[i])
 
     def kick(self) -> None:
         """A request was enqueued: start a step if idle, else cut a run of decodes at its
@@ -127,7 +125,7 @@ class AggregatedInstance:
             return
         start, decodes, chunks, steps, context = self._step
         if steps > 1:
-            j, t = self.predictor.decode_next_boundary(len(decodes), context, steps,
+            j, t = self.predictor.decode_next_boundary(decodes, context, steps,
                                                        self.env._now - start)
             if j < steps:
                 self._step = (start, decodes, chunks, j, context)
@@ -143,170 +141,203 @@ class AggregatedInstance:
             self.busy_time += now - start
             self.num_steps += steps
             if self.log is not None:
-                self.log.append((start, now, tuple(decodes), tuple(chunks), steps))
-            self._commit(decodes, chunks, steps, now)
+                self.log.append((start, now, self._logged, tuple(chunks), steps))
+            self._commit(chunks, steps, now)
         self._start(now)
 
     def _start(self, now: float) -> None:
         """Schedule the step starting ``now`` (or sleep until the next arrival)."""
         if self.source is not None:
             self.source.admit_until(now)
-        decodes, chunks, steady = self._schedule(now)
+        chunks, steady = self._schedule(now)
+        decodes = len(self.decoding)
         if not decodes and not chunks:
             at = self.source.next_arrival_at() if self.source is not None else math.inf
             if at < math.inf:
                 self._timer.set(at)
             return
-        contexts = [self.computed[i] + 1 for i in decodes]
-        context = sum(contexts)
+        context = self._base_sum + decodes * (self.it + 1)   # each one's KV and new token
         if chunks or not (steady and self.fast_forward):
+            it = self.it + 1
             duration = self.predictor.mixed_step_time(
-                [(n, c) for _, n, c in chunks], contexts)
+                [(n, c) for _, n, c in chunks], [b + it for b in self.decoding.values()])
             steps = 1
         else:
-            steps = self._run_length(decodes, contexts, now)
-            duration = self.predictor.decode_time(len(decodes), context, steps)
+            steps = self._run_length(decodes, context, now)
+            duration = self.predictor.decode_time(decodes, context, steps)
         if not duration >= 0:
             raise ValueError(f"aggregated instance {self.index}: a step priced at "
                              f"{duration} s; a predictor's time must be >= 0")
+        if self.log is not None:
+            self._logged = tuple(i for i in self.running if i in self.decoding)
         self._step = (now, decodes, chunks, steps, context)
         self._timer.set(now + duration)
 
-    def _schedule(self, now: float) -> tuple[list, list, bool]:
-        """The step's decodes (requests) and prompt chunks ((request, tokens, computed
-        before)), blocks allocated; ``steady``: the step has no chunk, ran every running
-        request, preempted none, and no waiting request can join before a request ends (so
+    def _schedule(self, now: float) -> tuple[list, bool]:
+        """Allocate the step's blocks: every decoding request's next token, then the prompt
+        chunks, returned as (request, tokens, computed before). ``steady``: the step has no
+        chunk, preempted none, and no waiting request can join before a request ends (so
         the steps after it are alike until then)."""
-        budget, B = self.max_batch_tokens, self.block_size
-        running, computed, held, prompt = (self.running, self.computed, self.held,
-                                           self.ledger.prompt)
-        decodes, chunks, preempted, k = [], [], False, 0
-        while k < len(running) and budget:
-            i = running[k]
-            c = computed[i]
-            n = min(prompt[i] + self.generated[i] - c, budget)
-            need = -(-(c + n) // B) - held[i]
-            while need > self.free_blocks and running[-1] != i:
-                self._preempt(running.pop())
-                preempted = True
-            if need > self.free_blocks:       # it is the newest: preempt it too
-                self._preempt(running.pop())
-                preempted = True
+        B, computed = self.block_size, self.computed
+        budget = self.max_batch_tokens - len(self.decoding)
+        need = self._residues[-self.it % B]       # decodes that start a block
+        partial = []
+        for i, c in computed.items():             # (at most the newest: it was cut)
+            if budget <= 0:
                 break
-            self.free_blocks -= need
-            held[i] += need
+            n = min(self.ledger.prompt[i] + self.generated[i] - c, budget)
+            need += -(-(c + n) // B) + (-c // B)
+            partial.append((i, n, c))
             budget -= n
-            if i in self.decoding:
-                decodes.append(i)
-            else:
-                chunks.append((i, n, c))
-            k += 1
-        steady = not chunks and not preempted and k == len(running)
-        if preempted:
-            return decodes, chunks, False     # no new requests in a step that preempted
-        waiting = self.waiting
+        if need > self.free_blocks:
+            return self._schedule_short(), False
+        self.free_blocks -= need
+        chunks = partial
+        if budget <= 0 or not self.waiting or len(self.running) >= self.max_batch_size:
+            return chunks, not chunks
+        return self._admit(now, chunks, budget)
+
+    def _admit(self, now: float, chunks: list, budget: int) -> tuple[list, bool]:
+        """New (and preempted) requests from the head of the queue, while the budget, the
+        sequences and the blocks allow: a head that cannot have its blocks stops the rest."""
+        B, prompt, running, waiting = (self.block_size, self.ledger.prompt, self.running,
+                                       self.waiting)
         while waiting and budget and len(running) < self.max_batch_size:
-            i = waiting[0]
+            i = waiting.head()
             n = min(prompt[i] + self.generated[i], budget)
             need = -(-n // B)
             if need > self.free_blocks:
-                return decodes, chunks, steady and not chunks
-            self._pop_waiting()
-            if i not in computed:             # its first step ever
+                return chunks, not chunks         # it waits for blocks a finish frees
+            waiting.pop()
+            if i in self._preempted:
+                self._preempted.discard(i)
+            else:                                 # its first step ever
                 self.ledger.prefill_start_at[i] = now
-            computed[i], held[i] = 0, need
+            self.computed[i] = 0
             self.free_blocks -= need
             running.append(i)
             chunks.append((i, n, 0))
             budget -= n
-        return decodes, chunks, steady and not chunks
+        return chunks, not chunks
 
-    def _run_length(self, decodes: list, contexts: list, now: float) -> int:
+    def _schedule_short(self) -> list:
+        """The step is short of blocks: running requests, oldest first, take theirs, and
+        while one cannot, the newest running request is preempted (vLLM V1). No waiting
+        request joins a step that preempted."""
+        B, running, it = self.block_size, self.running, self.it
+        budget, chunks, k = self.max_batch_tokens, [], 0
+        while k < len(running):
+            i = running[k]
+            base = self.decoding.get(i)
+            if base is not None:
+                c, n = base + it, 1
+            else:
+                c = self.computed[i]
+                n = min(self.ledger.prompt[i] + self.generated[i] - c, budget)
+            need = -(-(c + n) // B) + (-c // B)
+            while need > self.free_blocks:
+                victim = running.pop()
+                self._preempt(victim)
+                if victim == i:
+                    return chunks
+            self.free_blocks -= need
+            budget -= n
+            if base is None:
+                chunks.append((i, n, c))
+            k += 1
+        return chunks
+
+    def _growth(self, first: int, steps: int) -> int:
+        """Blocks the decoding requests start in decode steps ``first`` .. + steps - 1 (the
+        step after ``it`` computes token ``base + it + 1``: a new block where base + it is a
+        multiple of the block size)."""
+        B, residues = self.block_size, self._residues
+        full, rest = divmod(steps, B)
+        return full * len(self.decoding) + sum([residues[-(first - 1 + s) % B]
+                                                for s in range(rest)])
+
+    def _run_length(self, decodes: int, context: int, now: float) -> int:
         """Steps of decodes only from now: to the first finish, the last step whose blocks
         can be had, and the boundary at or after the next arrival (lazy arrivals)."""
-        generated, output = self.generated, self.ledger.output
-        steps = min([output[i] - generated[i] for i in decodes])
-        if steps > 1:
-            B = self.block_size
-            slots = np.asarray(contexts, dtype=np.int64)    # KV slots after the first step
-            held = int((-(-slots // B)).sum())
-
-            def extra(s: int) -> int:                      # blocks steps 2..s add
-                return int((-(-(slots + (s - 1)) // B)).sum()) - held
-
-            if extra(steps) > self.free_blocks:
-                lo, hi = 1, steps                           # extra(lo) fits, extra(hi) not
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    lo, hi = (mid, hi) if extra(mid) <= self.free_blocks else (lo, mid)
-                steps = lo
+        steps = self._finishing[0][0] - self.it
+        if steps > 1 and self._growth(self.it + 2, steps - 1) > self.free_blocks:
+            lo, hi = 1, steps                     # lo steps fit, hi do not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if self._growth(self.it + 2, mid - 1) <= \
+                    self.free_blocks else (lo, mid)
+            steps = lo
         if steps > 1 and self.source is not None:
             at = self.source.next_arrival_at()
             if at < math.inf:
-                j, _ = self.predictor.decode_next_boundary(len(decodes), sum(contexts),
-                                                           steps, at - now)
+                j, _ = self.predictor.decode_next_boundary(decodes, context, steps, at - now)
                 steps = min(steps, j)
         return steps
 
-    def _commit(self, decodes: list, chunks: list, steps: int, now: float) -> None:
+    def _commit(self, chunks: list, steps: int, now: float) -> None:
         """The step (or run of ``steps`` decode steps) ended at ``now``: tokens computed,
         tokens sampled, requests finished."""
-        computed, generated, held, B = self.computed, self.generated, self.held, self.block_size
-        ledger, output = self.ledger, self.ledger.output
-        done = []
-        for i in decodes:
-            c = computed[i] = computed[i] + steps
-            generated[i] += steps
-            if steps > 1:
-                blocks = -(-c // B)
-                self.free_blocks -= blocks - held[i]
-                held[i] = blocks
-            if generated[i] == output[i]:
-                done.append(i)
-        prompt = ledger.prompt
+        if steps > 1:
+            self.free_blocks -= self._growth(self.it + 2, steps - 1)
+        it = self.it = self.it + steps
+        finishing, ledger = self._finishing, self.ledger
+        ended = []
+        while finishing and finishing[0][0] == it:
+            _, i = finishing.pop(0)
+            self._undecode(i)
+            ended.append(i)
+        prompt, output, generated = ledger.prompt, ledger.output, self.generated
         for i, n, _ in chunks:
-            c = computed[i] = computed[i] + n
-            if c == prompt[i] + generated[i]:          # its last token: one is sampled
-                generated[i] += 1
-                self.decoding.add(i)
-                if generated[i] == 1:
-                    ledger.prefill_end_at[i] = ledger.first_token_at[i] = now
-                if generated[i] == output[i]:
-                    done.append(i)
-        if done:
-            for i in done:
+            c = self.computed[i] = self.computed[i] + n
+            if c != prompt[i] + generated[i]:
+                continue                          # a chunk short of its last token
+            g = generated[i] = generated[i] + 1   # its last token: one is sampled
+            if g == 1:
+                ledger.prefill_end_at[i] = ledger.first_token_at[i] = now
+            del self.computed[i]
+            if g == output[i]:
+                self.free_blocks += -(-c // self.block_size)
+                del generated[i]
+                ended.append(i)
+                continue
+            del generated[i]                      # from now on base + it tells it
+            base = self.decoding[i] = c - it
+            bisect.insort(finishing, (prompt[i] + output[i] - 1 - base, i))
+            self._residues[base % self.block_size] += 1
+            self._base_sum += base
+        if ended:
+            for i in ended:
                 ledger.finish(i, now)
-                self._forget(i)
-            gone = set(done)
-            self.running = [i for i in self.running if i not in gone]
+            if len(ended) == 1:
+                self.running.remove(ended[0])
+            else:
+                gone = set(ended)
+                self.running = [i for i in self.running if i not in gone]
+
+    def _undecode(self, i: int) -> int:
+        """Decoding ``i`` stops (it ends or is preempted): its blocks are freed. Returns the
+        tokens it had computed."""
+        base = self.decoding.pop(i)
+        self._residues[base % self.block_size] -= 1
+        self._base_sum -= base
+        c = base + self.it
+        self.free_blocks += -(-c // self.block_size)
+        return c
 
     def _preempt(self, i: int) -> None:
         """Free running ``i``'s blocks and queue it first, to recompute what it had."""
-        self.free_blocks += self.held[i]
-        self.held[i] = self.computed[i] = 0
-        self.decoding.discard(i)
-        self.num_preemptions += 1
-        if self.fairness is None:
-            self.waiting.appendleft(i)
+        if i in self.decoding:
+            base = self.decoding[i]
+            finishing = self._finishing
+            del finishing[bisect.bisect_left(finishing, (
+                self.ledger.prompt[i] + self.ledger.output[i] - 1 - base, i))]
+            c = self._undecode(i)
+            self.generated[i] = c - self.ledger.prompt[i] + 1
         else:
-            self._count += 1
-            self._keys.insert(0, ((-1, -self._count), -self._count))
-            self.waiting.insert(0, i)
-
-    def _pop_waiting(self) -> None:
-        if self.fairness is None:
-            self.waiting.popleft()
-            return
-        del self.waiting[0]
-        key = self._keys.pop(0)[0]
-        if key[0] >= 0:                       # a new request, not a preempted one
-            self.fairness.served(key)
-
-    def _forget(self, i: int) -> None:
-        self.free_blocks += self.held.pop(i, 0)
-        self.computed.pop(i, None)
-        self.generated.pop(i, None)
-        self.decoding.discard(i)
+            self.free_blocks += -(-self.computed.pop(i) // self.block_size)
+        self._preempted.add(i)
+        self.num_preemptions += 1
+        self.waiting.add_first(i)
 
     # -- faults ---------------------------------------------------------------------------
     def lose(self) -> None:
@@ -316,10 +347,13 @@ class AggregatedInstance:
         self.lost = True
         for i in list(self.running) + list(self.waiting):
             ledger.fail(i, Status.FAILED_INSTANCE_LOST, now)
-            self._forget(i)
-        self.running.clear()
-        self.waiting.clear()
-        self._keys.clear()
+        for i in list(self.decoding):
+            self._undecode(i)
+        for c in self.computed.values():
+            self.free_blocks += -(-c // self.block_size)
+        for name in ("running", "waiting", "_finishing", "computed", "generated",
+                     "_preempted"):
+            getattr(self, name).clear()
         if self._step is not None:
             self.busy_time += now - self._step[0]
             self._step = None
@@ -338,8 +372,10 @@ class AggregatedInstance:
     def leaks(self) -> dict:
         """What is still held (empty at the end of a run that was not cut)."""
         out = {name: len(getattr(self, name)) for name in
-               ("waiting", "running", "computed", "generated", "held", "decoding")
-               if getattr(self, name)}
+               ("waiting", "running", "computed", "generated", "decoding", "_finishing",
+                "_preempted") if getattr(self, name)}
         if self.free_blocks != self.num_blocks:
             out["blocks"] = self.num_blocks - self.free_blocks
+        if any(self._residues) or self._base_sum:
+            out["residues"] = sum(self._residues)
         return out

@@ -1,7 +1,7 @@
-"""Aggregated pools: build the aggregated instances of a ``[cluster]`` and run a trace
-through a cluster of ``kind = "aggregated"`` (``sim.engine.cluster.simulate`` hands such a
-config here; ``kind = "both"`` stays there, with ``aggregated_pool`` and
-``sim.engine.router.PoolRouter`` beside its P/D pool).
+"""Aggregated pools: the aggregated instances of a ``[cluster]``, their arrivals, stats and
+energy, for ``sim.engine.cluster.simulate`` (``kind = "aggregated"``: ``aggregated_pool`` and
+``start_arrivals``; ``kind = "both"``: ``beside_pd``, the pool and a
+``sim.engine.router.PoolRouter`` beside the P/D pool).
 
 An aggregated instance takes its KV blocks from the device memory left after the weights
 (``kv_capacity_blocks``, as a decode instance does) and its timing from the same predictors
@@ -15,30 +15,20 @@ records' transfer fields stay NaN and ``kv_bytes`` 0, and ``prefill_instance`` =
 from __future__ import annotations
 
 import math
-import time
 
-import simpy
-
-from hardware import catalog
 from policies import resolve
-from traces import metrics
-from traces.tenants import by_tenant
-from sim.config import ConfigError, RunConfig, provenance
-from sim.config.run_size import check_run_size
+from sim.config import ConfigError, RunConfig
 from sim.engine.aggregated import AggregatedInstance
-from sim.engine.ledger import Ledger
 from sim.engine.router import LazyArrivals, PoolRouter
 
 
-def aggregated_pool(env, config: RunConfig, ledger, predictor=None, trace=None,
+def aggregated_pool(env, config: RunConfig, ledger, predictor, blocks: int, trace=None,
                     index_offset: int = 0) -> list[AggregatedInstance]:
-    """The ``[cluster.aggregated]`` instances of ``config`` (``predictor`` replaces the
-    roofline); ``trace`` (when given) is checked to fit one instance's KV cache."""
-    from sim.engine.cluster import kv_capacity_blocks, make_predictor
-
+    """The ``[cluster.aggregated]`` instances of ``config``, each of ``blocks`` KV blocks
+    timed by ``predictor`` (``sim.engine.cluster`` prices both); ``trace`` (when given) is
+    checked to fit one instance's KV cache."""
     cl = config.cluster
     inst = cl.aggregated
-    blocks = kv_capacity_blocks(config, inst)
     if trace is not None and len(trace):
         longest = int((trace.num_prompt_tokens + trace.num_output_tokens).max())
         if -(-longest // inst.block_size) > blocks:
@@ -47,7 +37,6 @@ def aggregated_pool(env, config: RunConfig, ledger, predictor=None, trace=None,
                 f"{blocks * inst.block_size} tokens, but the workload's longest request "
                 f"(prompt + output) has {longest}; raise kv_cache_gb or max_num_blocks, tp, "
                 f"or choose a smaller kv_dtype")
-    predictor = predictor or make_predictor(config, inst)
     pol = cl.policies
     fair = None if pol.fairness == "fcfs" else resolve("fairness", pol.fairness)
     return [AggregatedInstance(env, k, ledger, predictor, max_batch_size=inst.max_batch_size,
@@ -56,6 +45,18 @@ def aggregated_pool(env, config: RunConfig, ledger, predictor=None, trace=None,
                                fairness=fair(pol.tenant_weights, pol.priority_tenants)
                                if fair else None, record_index=index_offset + k)
             for k in range(inst.num_instances)]
+
+
+def start_arrivals(env, config: RunConfig, ledger, pool: list, max_context: int) -> None:
+    """Arrivals of a ``kind = "aggregated"`` run: lazily for a lone instance, else routed
+    at each instant; and the instance losses of ``[faults]``."""
+    check_faults(config, len(pool))
+    if len(pool) == 1:
+        LazyArrivals(ledger, pool[0], max_context)
+    else:
+        PoolRouter(env, ledger, pool, resolve("routing", config.cluster.routing), max_context)
+    for index, at in config.faults.instance_loss:
+        env.timeout(at).callbacks.append(lambda _ev, a=pool[index]: a.lose())
 
 
 def check_faults(config: RunConfig, num_instances: int) -> None:
@@ -70,61 +71,22 @@ def check_faults(config: RunConfig, num_instances: int) -> None:
                               f"has {num_instances} aggregated instance(s)")
 
 
-def simulate_aggregated(config: RunConfig, trace=None, *, until: float | None = None,
-                        predictors: tuple | None = None, stream=None, log_steps=False):
-    """``sim.engine.cluster.simulate`` for ``kind = "aggregated"``: the same records and
-    summary keys. ``predictors`` = (predictor,) or a pair whose first is used.
-    ``log_steps`` keeps each instance's steps (``AggregatedInstance.log``)."""
-    from sim.engine.cluster import RunResult, run_events, workload_trace
+def records_and_summary(config: RunConfig, ledger, until, streamed: bool) -> tuple:
+    """(records or None when streamed, ``metrics.summarize``'s summary with its tenants)."""
+    from traces import metrics
+    from traces.tenants import by_tenant
 
-    if stream is None:
-        trace = trace if trace is not None else workload_trace(config)
-        check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
-    cl = config.cluster
-    model = catalog.model(cl.model)
-    wall = time.perf_counter()
-    env = simpy.Environment()
-    if stream is None:
-        ledger = Ledger(trace)
+    if streamed:
+        ledger.close()
+        summary, tenants = ledger.summary()
+        records = None
     else:
-        from sim.engine.stream import open_ledger
-
-        ledger = open_ledger(config, trace, stream, until, False)
-    pool = aggregated_pool(env, config, ledger, predictors[0] if predictors else None,
-                           trace if stream is None else None)
-    check_faults(config, len(pool))
-    for inst in pool:
-        inst.log = [] if log_steps else None
-    if len(pool) == 1:
-        LazyArrivals(ledger, pool[0], model.max_context)
-    else:
-        PoolRouter(env, ledger, pool, resolve("routing", cl.routing), model.max_context)
-    for index, at in config.faults.instance_loss:
-        env.timeout(at).callbacks.append(lambda _ev, a=pool[index]: a.lose())
-    try:
-        run_events(env, until)
-    except BaseException as exc:
-        if stream is not None:
-            ledger.close(exc)
-        raise
-    if stream is None:
         records = ledger.frame(cut_at=until)
         summary = metrics.summarize(records, config.slo.ttft_s, config.slo.tpot_s)
         tenants = by_tenant(records, config.slo.ttft_s, config.slo.tpot_s)
-    else:
-        records = None
-        ledger.close()
-        summary, tenants = ledger.summary()
     if tenants is not None:
         summary["tenants"] = tenants
-    summary["sim_wall_time_s"] = time.perf_counter() - wall
-    summary["simulated_time_s"] = span = float(env.now)
-    stats = pool_stats(pool, span)
-    summary.update(metrics.utilization(stats, span))
-    summary.update(aggregated_energy(stats, summary, config))
-    summary["config"] = provenance(config)
-    return RunResult(config, records, summary, stats,
-                     aggregate=None if stream is None else ledger.aggregate)
+    return records, summary
 
 
 def pool_stats(pool: list, now: float) -> dict:
@@ -169,7 +131,7 @@ def aggregated_energy(stats: dict, summary: dict, config: RunConfig) -> dict:
 
 
 def beside_pd(env, config: RunConfig, ledger, prefills: list, decodes: list,
-              max_context: int) -> list[AggregatedInstance]:
+              max_context: int, predictor, blocks: int) -> list[AggregatedInstance]:
     """``kind = "both"``: the aggregated pool and the router over it and the P/D pool.
     Its instances' record index follows the P/D instances' (from max(prefill, decode
     instances)), so the records tell the pools apart."""
@@ -177,7 +139,7 @@ def beside_pd(env, config: RunConfig, ledger, prefills: list, decodes: list,
 
     cl = config.cluster
     offset = max(len(prefills), len(decodes))
-    pool = aggregated_pool(env, config, ledger, index_offset=offset)
+    pool = aggregated_pool(env, config, ledger, predictor, blocks, index_offset=offset)
     choose = POOL_ROUTING[cl.pool_routing]
     if cl.pool_routing == "share":
         choose = choose(cl.aggregated_share)

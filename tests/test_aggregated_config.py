@@ -120,3 +120,29 @@ def test_the_readme_example_config_runs():
     config = load_config(path).replace(**{"workload.num_requests": 50})
     result = simulate(config)
     assert result.summary["num_finished"] == 50
+
+
+def test_cells_of_an_aggregated_cluster_are_refused_by_name():
+    with pytest.raises(ConfigError, match="cells.count = 2"):
+        from_dict({"cells": {"count": 2}, "cluster": {"kind": "aggregated"}})
+
+
+def test_bench_aggregated_case_reports_its_figures():
+    from sim.bench import speed
+
+    report = speed.aggregated_case(0.5, 300, seed=0, repeats=1)
+    assert report["aggregated_requests_per_bare_event"] > 0
+    assert report["aggregated_long_output_wall_ratio"] > 0
+    assert report["aggregated_wakeups_per_request"] >= 1     # one step at least per request
+    text = speed.format_report({**_bench_stub(), **report})
+    assert "aggregated, 2x A100 TP4" in text
+
+
+def _bench_stub() -> dict:
+    return dict(num_requests=10, rate=0.5, slo_attainment=1.0, repeats=1, wall_s=1.0,
+                simulated_requests_per_s=10.0, bare_simpy_events_per_s=100.0,
+                requests_per_bare_event=0.1, decode_wakeups_per_request=0.9,
+                long_output_rate=0.05, long_output_wall_ratio=1.1, long_output_wall_s=1.1,
+                long_output_same_rate_wall_ratio=3.0, long_output_same_rate_wall_s=3.0,
+                long_output_same_rate_preemptions_per_request=1.4, startup_s=0.3,
+                startup_wall_s=0.4)

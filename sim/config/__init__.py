@@ -47,6 +47,10 @@ from sim.config.tables import (SCENARIO, SCENARIO_ANY_DEVICE, SOURCES,  # noqa: 
 def _check_cells(config: "RunConfig") -> None:
     """With ``instances = "split"`` every cell gets an equal share of each phase's instances."""
     cells = config.cells
+    if cells.count > 1 and config.cluster.kind != "disaggregated":
+        raise ConfigError(f"cells.count = {cells.count}: a cluster of kind "
+                          f"{config.cluster.kind!r} does not run as cells yet; run it as one "
+                          f"router domain (cells.count = 1)")
     if cells.instances != "split":
         return
     for role in _roles(config.cluster):
@@ -151,8 +155,7 @@ def _is_instance_key(key: str) -> bool:
 #: the cluster's instance tables
 INSTANCE_ROLES = ("prefill", "decode", "aggregated")
 #: the keys of a P/D pool and of its KV link (none on an aggregated cluster)
-_PD_KEYS = ("cluster.prefill.", "cluster.decode.", "cluster.link.", "cluster.decode_routing",
-            "cluster.routing")
+_PD_KEYS = ("cluster.prefill.", "cluster.decode.", "cluster.link.", "cluster.decode_routing")
 
 
 def _roles(cluster) -> tuple[str, ...]:

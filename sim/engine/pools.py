@@ -162,3 +162,16 @@ def add_pool(summary: dict, stats: dict, pool: list, config: RunConfig, now: flo
     power = total / now if now > 0 else 0.0
     summary.update(energy_j=total, average_power_w=power,
                    tokens_per_joule=summary["output_tokens_per_s"] / power if power else 0.0)
+
+
+def describe_pools(cluster) -> str:
+    """One line naming a cluster's pools, for a run's summary."""
+    a = cluster.aggregated
+    text = (f"aggregated {a.num_instances}x({a.tp}x {a.device}; {a.max_batch_size} seqs, "
+            f"{a.max_batch_tokens} tokens a step)")
+    if cluster.kind == "both":
+        p, d = cluster.prefill, cluster.decode
+        text += (f" beside prefill {p.num_instances}x({p.tp}x {p.device}) -> decode "
+                 f"{d.num_instances}x({d.tp}x {d.device}) via {cluster.link.mechanism}, "
+                 f"pools by {cluster.pool_routing}")
+    return text

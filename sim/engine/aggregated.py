@@ -22,12 +22,11 @@ finishes a prompt gives the first token (TTFT: that step's end), each decode ste
 A step's time is the predictor's ``mixed_step_time(prefill chunks, decode contexts)``.
 
 Fast-forward: a step of decodes only, with no waiting request that could join before the
-next finish, repeats with the same members until the first of: a request finishing, the
-blocks running short, the next arrival. The instance takes those steps as one run with one
-timer (``decode_time``), cut at the first step boundary at or after an arrival routed to it
-meanwhile (``decode_next_boundary``). A request that arrives at a boundary's instant joins
-the step that starts there (arrivals are admitted before boundaries of the same instant:
-``sim.engine.router``). With ``fast_forward=False`` every step is its own timer: the oracle.
+next finish, repeats alike until a request finishes, the blocks run short or a request
+arrives: one run, one timer (``decode_time``), cut at the first boundary at or after an
+arrival (``decode_next_boundary``); one arriving at a boundary's instant joins the step that
+starts there (``sim.engine.router``). With lazy arrivals the instance also commits steps
+ahead of the clock (``_start``). ``fast_forward=False``: every step a timer, the oracle.
 
 Bookkeeping is O(1) per step, not per running request: every decoding request computes one
 token per step, so its computed tokens are ``base + it`` and it ends at a known step (a
@@ -89,6 +88,9 @@ class AggregatedInstance:
         self.num_preemptions = 0
         self.log: list | None = None          # (start, end, decodes, chunks, steps) per run
         self._logged: tuple = ()              # the decodes of the step in progress, logged
+        self.ahead = False                    # commit ahead (set with lazy arrivals)
+        self._ahead_end = 0.0                 # the end of the latest run committed ahead
+        self._planned = (-1, 0, 0)            # (it, steps, blocks) of the run last planned
 
     # -- what the router sees -------------------------------------------------------------
     @property
@@ -146,32 +148,47 @@ class AggregatedInstance:
         self._start(now)
 
     def _start(self, now: float) -> None:
-        """Schedule the step starting ``now`` (or sleep until the next arrival)."""
-        if self.source is not None:
-            self.source.admit_until(now)
-        chunks, steady = self._schedule(now)
-        decodes = len(self.decoding)
-        if not decodes and not chunks:
-            at = self.source.next_arrival_at() if self.source is not None else math.inf
-            if at < math.inf:
-                self._timer.set(at)
-            return
-        context = self._base_sum + decodes * (self.it + 1)   # each one's KV and new token
-        if chunks or not (steady and self.fast_forward):
-            it = self.it + 1
-            duration = self.predictor.mixed_step_time(
-                [(n, c) for _, n, c in chunks], [b + it for b in self.decoding.values()])
-            steps = 1
-        else:
-            steps = self._run_length(decodes, context, now)
-            duration = self.predictor.decode_time(decodes, context, steps)
-        if not duration >= 0:
-            raise ValueError(f"aggregated instance {self.index}: a step priced at "
-                             f"{duration} s; a predictor's time must be >= 0")
-        if self.log is not None:
-            self._logged = tuple(i for i in self.running if i in self.decoding)
-        self._step = (now, decodes, chunks, steps, context)
-        self._timer.set(now + duration)
+        """Schedule the step starting ``now`` (or sleep until the next arrival). With lazy
+        arrivals (``ahead``) nothing can change the instance before the next arrival, which
+        it knows: a step with prompt chunks, or a run of decodes that the next arrival cuts,
+        is committed at once, ahead of the clock, and the step after it planned from its
+        end. Only a run that ends where requests finish (or blocks run short) is a timer."""
+        while True:
+            if self.source is not None:
+                self.source.admit_until(now)
+            chunks, steady = self._schedule(now)
+            decodes = len(self.decoding)
+            if not decodes and not chunks:
+                at = self.source.next_arrival_at() if self.source is not None else math.inf
+                if at < math.inf:
+                    self._timer.set(at)
+                return
+            context = self._base_sum + decodes * (self.it + 1)   # KVs and new tokens
+            cut = False
+            if chunks or not (steady and self.fast_forward):
+                it = self.it + 1
+                duration = self.predictor.mixed_step_time(
+                    [(n, c) for _, n, c in chunks], [b + it for b in self.decoding.values()])
+                steps = 1
+            else:
+                steps, cut = self._run_length(decodes, context, now)
+                duration = self.predictor.decode_time(decodes, context, steps)
+            if not duration >= 0:
+                raise ValueError(f"aggregated instance {self.index}: a step priced at "
+                                 f"{duration} s; a predictor's time must be >= 0")
+            if self.log is not None:
+                self._logged = tuple(i for i in self.running if i in self.decoding)
+            if not (self.ahead and (cut or not steady or chunks)):
+                self._step = (now, decodes, chunks, steps, context)
+                self._timer.set(now + duration)
+                return
+            end = self._ahead_end = now + duration
+            self.busy_time += duration
+            self.num_steps += steps
+            if self.log is not None:
+                self.log.append((now, end, self._logged, tuple(chunks), steps))
+            self._commit(chunks, steps, end)
+            now = end
 
     def _schedule(self, now: float) -> tuple[list, bool]:
         """Allocate the step's blocks: every decoding request's next token, then the prompt
@@ -256,29 +273,36 @@ class AggregatedInstance:
         return full * len(self.decoding) + sum([residues[-(first - 1 + s) % B]
                                                 for s in range(rest)])
 
-    def _run_length(self, decodes: int, context: int, now: float) -> int:
+    def _run_length(self, decodes: int, context: int, now: float) -> tuple[int, bool]:
         """Steps of decodes only from now: to the first finish, the last step whose blocks
-        can be had, and the boundary at or after the next arrival (lazy arrivals)."""
+        can be had, and the boundary at or after the next arrival (lazy arrivals; then True:
+        the arrival cuts the run)."""
         steps = self._finishing[0][0] - self.it
-        if steps > 1 and self._growth(self.it + 2, steps - 1) > self.free_blocks:
+        growth = self._growth(self.it + 2, steps - 1) if steps > 1 else 0
+        if growth > self.free_blocks:
             lo, hi = 1, steps                     # lo steps fit, hi do not
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if self._growth(self.it + 2, mid - 1) <= \
                     self.free_blocks else (lo, mid)
             steps = lo
+            growth = self._growth(self.it + 2, steps - 1)
+        self._planned = (self.it, steps, growth)  # the commit's blocks, if it runs them all
         if steps > 1 and self.source is not None:
             at = self.source.next_arrival_at()
             if at < math.inf:
                 j, _ = self.predictor.decode_next_boundary(decodes, context, steps, at - now)
-                steps = min(steps, j)
-        return steps
+                if j < steps:
+                    return j, True
+        return steps, False
 
     def _commit(self, chunks: list, steps: int, now: float) -> None:
         """The step (or run of ``steps`` decode steps) ended at ``now``: tokens computed,
         tokens sampled, requests finished."""
         if steps > 1:
-            self.free_blocks -= self._growth(self.it + 2, steps - 1)
+            it, planned, growth = self._planned
+            self.free_blocks -= (growth if (it, planned) == (self.it, steps)
+                                 else self._growth(self.it + 2, steps - 1))
         it = self.it = self.it + steps
         finishing, ledger = self._finishing, self.ledger
         ended = []
@@ -365,9 +389,10 @@ class AggregatedInstance:
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in steps (``t`` = now: the end of a run, cut or not)."""
+        ahead = max(0.0, self._ahead_end - t)    # committed ahead, past t (a cut run)
         if self._step is None:
-            return self.busy_time
-        return self.busy_time + max(0.0, t - self._step[0])
+            return self.busy_time - ahead
+        return self.busy_time - ahead + max(0.0, t - self._step[0])
 
     def leaks(self) -> dict:
         """What is still held (empty at the end of a run that was not cut)."""

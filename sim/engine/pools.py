@@ -56,6 +56,7 @@ def start_arrivals(env, config: RunConfig, ledger, pool: list, max_context: int)
     else:
         PoolRouter(env, ledger, pool, resolve("routing", config.cluster.routing), max_context)
     for index, at in config.faults.instance_loss:
+        pool[index].ahead = False             # nothing committed past a loss
         env.timeout(at).callbacks.append(lambda _ev, a=pool[index]: a.lose())
 
 

@@ -125,6 +125,7 @@ class LazyArrivals:
         self.next = 0
         self.reasons = ledger.judge(lambda p, o: instance.reject_codes(p, o, max_context))
         instance.source = self
+        instance.ahead = instance.fast_forward    # it knows every arrival: commit ahead
         instance.env.timeout(0).callbacks.append(lambda _ev: instance.kick())
 
     def admit_until(self, now: float) -> None:

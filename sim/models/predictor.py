@@ -22,6 +22,10 @@ Decode fast-forward needs the time of ``k`` iterations of a fixed batch whose to
 grows by ``batch`` tokens per iteration: ``decode_time(batch, context, k)``, and the inverse,
 ``decode_steps_within(batch, context, k, elapsed)``. The roofline answers both in closed form;
 the table predictor with a vectorised cumulative sum. ``decode_step_time`` is the oracle.
+
+An aggregated engine (``sim.engine.aggregated``) runs prompt chunks and decodes in one step:
+``mixed_step_time(prefill_chunks, decode_contexts)``, equal to ``prefill_time([n])`` for one
+fresh chunk and to ``decode_step_time`` for decodes alone.
 """
 
 from __future__ import annotations

@@ -277,3 +277,10 @@ def test_a_cut_run_shows_what_the_oracle_had_by_the_cut():
         np.testing.assert_allclose(fast[name], slow[name], rtol=0, atol=1e-9)
     assert runs[0].stats["aggregated_busy_s"][0] == pytest.approx(
         runs[1].stats["aggregated_busy_s"][0], abs=1e-9)
+
+
+def test_a_request_longer_than_the_model_context_is_rejected_at_its_arrival():
+    trace = make_trace([0.0, 1.0, 2.0], [100, 140_000, 50], [10, 10, 10])
+    rec = simulate(from_dict({"cluster": {"kind": "aggregated"}}), trace).records
+    assert rec["status"].tolist() == ["ok", "rejected_prompt_too_long", "ok"]
+    assert rec["finished_at"][1] == 1.0

@@ -88,7 +88,8 @@ class AggregatedInstance:
         self.num_preemptions = 0
         self.log: list | None = None          # (start, end, decodes, chunks, steps) per run
         self._logged: tuple = ()              # the decodes of the step in progress, logged
-        self.ahead = False                    # commit ahead (set with lazy arrivals)
+        self.ahead = False                    # commit ahead of the clock, up to ``horizon``
+        self.horizon = None                   # its arrivals (next_arrival_at()), if ahead
         self._ahead_end = 0.0                 # the end of the latest run committed ahead
         self._planned = (-1, 0, 0)            # (it, steps, blocks) of the run last planned
 
@@ -97,16 +98,6 @@ class AggregatedInstance:
     def load(self) -> int:
         """Requests assigned here and not yet ended."""
         return len(self.waiting) + len(self.running)
-
-    def reject_codes(self, prompt: np.ndarray, output: np.ndarray,
-                     max_context: int) -> np.ndarray:
-        """``sim.engine.ledger.REJECTIONS`` codes: 1 a request longer than the model's
-        context, 3 one whose whole KV cache can never fit this instance's blocks."""
-        prompt = np.asarray(prompt, dtype=np.int64)
-        total = prompt + np.asarray(output, dtype=np.int64)
-        too_long = total > max_context
-        no_room = -(-total // self.block_size) > self.num_blocks
-        return np.select([too_long, no_room], [1, 3], 0)
 
     def enqueue(self, i: int) -> None:
         """The router assigns arrived request ``i`` here."""
@@ -148,11 +139,14 @@ class AggregatedInstance:
         self._start(now)
 
     def _start(self, now: float) -> None:
-        """Schedule the step starting ``now`` (or sleep until the next arrival). With lazy
-        arrivals (``ahead``) nothing can change the instance before the next arrival, which
-        it knows: a step with prompt chunks, or a run of decodes that the next arrival cuts,
-        is committed at once, ahead of the clock, and the step after it planned from its
-        end. Only a run that ends where requests finish (or blocks run short) is a timer."""
+        """Schedule the step starting ``now`` (or sleep until the next arrival).
+
+        Ahead of the clock (``ahead``): nothing outside the instance changes it or looks at
+        it before the next arrival (``horizon``). Routed arrivals: a step that ends before
+        then is committed at once and the step after it planned from its end. Lazy ones (the
+        instance admits them itself): a step with prompt chunks, or a run of decodes that
+        the next arrival cuts. Either way the instance runs at most about one arrival ahead;
+        the rest are timers."""
         while True:
             if self.source is not None:
                 self.source.admit_until(now)
@@ -178,7 +172,11 @@ class AggregatedInstance:
                                  f"{duration} s; a predictor's time must be >= 0")
             if self.log is not None:
                 self._logged = tuple(i for i in self.running if i in self.decoding)
-            if not (self.ahead and (cut or not steady or chunks)):
+            if self.source is not None:
+                ahead = cut or not steady or bool(chunks)
+            else:
+                ahead = now + duration < self.horizon.next_arrival_at() if self.ahead else False
+            if not (self.ahead and ahead):
                 self._step = (now, decodes, chunks, steps, context)
                 self._timer.set(now + duration)
                 return
@@ -388,11 +386,10 @@ class AggregatedInstance:
                 self._timer.set(at)
 
     def busy_within(self, t: float) -> float:
-        """Seconds of [0, t] spent in steps (``t`` = now: the end of a run, cut or not)."""
-        ahead = max(0.0, self._ahead_end - t)    # committed ahead, past t (a cut run)
-        if self._step is None:
-            return self.busy_time - ahead
-        return self.busy_time - ahead + max(0.0, t - self._step[0])
+        """Seconds of [0, t] in steps (``t`` = now: the end of a run, cut or not); a cut run
+        takes back what was committed ahead past ``t``."""
+        live = max(0.0, t - self._step[0]) if self._step is not None else 0.0
+        return self.busy_time - max(0.0, self._ahead_end - t) + live
 
     def leaks(self) -> dict:
         """What is still held (empty at the end of a run that was not cut)."""

@@ -115,6 +115,15 @@ class Router:
 
 
 # -- aggregated pools (``[cluster] kind = "aggregated" | "both"``) ------------------------
+def aggregated_rejects(instance, prompt: np.ndarray, output: np.ndarray,
+                       max_context: int) -> np.ndarray:
+    """``sim.engine.ledger.REJECTIONS`` codes for an aggregated instance: 1 a request longer
+    than the model's context, 3 one whose KV cache can never fit the instance's blocks."""
+    total = np.asarray(prompt, dtype=np.int64) + np.asarray(output, dtype=np.int64)
+    no_room = -(-total // instance.block_size) > instance.num_blocks
+    return np.select([total > max_context, no_room], [1, 3], 0)
+
+
 class LazyArrivals:
     """Arrivals for a lone aggregated instance (``sim.engine.aggregated``): there is nothing
     to decide, so the instance admits the requests that have arrived whenever it schedules a
@@ -123,8 +132,8 @@ class LazyArrivals:
     def __init__(self, ledger, instance, max_context: int):
         self.ledger, self.instance = ledger, instance
         self.next = 0
-        self.reasons = ledger.judge(lambda p, o: instance.reject_codes(p, o, max_context))
-        instance.source = self
+        self.reasons = ledger.judge(lambda p, o: aggregated_rejects(instance, p, o, max_context))
+        instance.source = instance.horizon = self
         instance.ahead = instance.fast_forward    # it knows every arrival: commit ahead
         instance.env.timeout(0).callbacks.append(lambda _ev: instance.kick())
 
@@ -165,10 +174,16 @@ class PoolRouter:
         self.reasons = ledger.judge(self.reject_codes)
         self._event = Event(env)
         self._event._ok, self._event._value = True, None
+        for a in aggregated:                      # no one looks at them between arrivals
+            a.horizon, a.ahead = self, a.fast_forward
         self._arm()
 
+    def next_arrival_at(self) -> float:
+        """The instant of the next arrival not yet routed (inf: none is left)."""
+        return self.ledger.arrival_at[self.next] if self.next < self.ledger.n else math.inf
+
     def reject_codes(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
-        agg = self.aggregated[0].reject_codes(prompt, output, self.max_context)
+        agg = aggregated_rejects(self.aggregated[0], prompt, output, self.max_context)
         if not self.prefills:
             return agg
         pd = Router.reject_codes(self, prompt, output)
@@ -209,7 +224,7 @@ class PoolRouter:
         if not self.prefills:
             return True
         one = (np.array([self.ledger.prompt[i]]), np.array([self.ledger.output[i]]))
-        agg_ok = self.aggregated[0].reject_codes(*one, self.max_context)[0] == 0
+        agg_ok = aggregated_rejects(self.aggregated[0], *one, self.max_context)[0] == 0
         pd_ok = Router.reject_codes(self, *one)[0] == 0
         if agg_ok != pd_ok:                       # (one of them fits: it was not rejected)
             return agg_ok

@@ -122,9 +122,25 @@ def test_the_readme_example_config_runs():
     assert result.summary["num_finished"] == 50
 
 
-def test_cells_of_an_aggregated_cluster_are_refused_by_name():
+def test_cells_of_both_pools_are_refused_by_name():
     with pytest.raises(ConfigError, match="cells.count = 2"):
-        from_dict({"cells": {"count": 2}, "cluster": {"kind": "aggregated"}})
+        from_dict({"cells": {"count": 2}, "cluster": {"kind": "both"}})
+
+
+@pytest.mark.parametrize("instances,indices", [("split", [0, 1]), ("per-cell", [0, 1, 2, 3])])
+def test_an_aggregated_cluster_runs_as_cells(tmp_path, instances, indices):
+    import pandas as pd
+    from sim.runs.cells.run import simulate_cells
+
+    config = from_dict({"seed": 1, "workload": {"num_requests": 400, "rate": 1.0},
+                        "cells": {"count": 2, "instances": instances},
+                        "cluster": {"kind": "aggregated", "aggregated": {"num_instances": 2}}})
+    result = simulate_cells(config, records_path=tmp_path / "r.parquet", workers=1)
+    rec = pd.read_parquet(tmp_path / "r.parquet")
+    assert (rec["status"] == "ok").all() and len(rec) == 400
+    assert sorted(rec["decode_instance"].unique()) == indices
+    assert (rec["prefill_instance"] == rec["decode_instance"]).all()
+    assert result.summary["energy_j"] > 0
 
 
 def test_bench_aggregated_case_reports_its_figures():

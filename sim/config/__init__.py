@@ -47,7 +47,7 @@ from sim.config.tables import (SCENARIO, SCENARIO_ANY_DEVICE, SOURCES,  # noqa: 
 def _check_cells(config: "RunConfig") -> None:
     """With ``instances = "split"`` every cell gets an equal share of each phase's instances."""
     cells = config.cells
-    if cells.count > 1 and config.cluster.kind != "disaggregated":
+    if cells.count > 1 and config.cluster.kind == "both":
         raise ConfigError(f"cells.count = {cells.count}: a cluster of kind "
                           f"{config.cluster.kind!r} does not run as cells yet; run it as one "
                           f"router domain (cells.count = 1)")

@@ -220,6 +220,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         pool = pools.beside_pd(env, config, ledger, prefills, decodes, model.max_context,
                                make_predictor(config, cl.aggregated),
                                kv_capacity_blocks(config, cl.aggregated))
+        for a in pool if monitor_interval_s is not None else ():
+            a.ahead = False           # the monitor counts requests ended by now
     else:
         Router(env, ledger, prefills, decodes, resolve("routing", cl.routing),
                model.max_context, bar, eager=eager_arrivals)

@@ -186,7 +186,7 @@ class PoolRouter:
         agg = aggregated_rejects(self.aggregated[0], prompt, output, self.max_context)
         if not self.prefills:
             return agg
-        pd = Router.reject_codes(self, prompt, output)
+        pd = Router.reject_codes(self, prompt, output)   # its checks on our prefills/decodes
         return np.where((agg == 0) | (pd == 0), 0, np.where(pd != 0, pd, agg))
 
     def _arm(self) -> None:

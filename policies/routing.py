@@ -70,3 +70,29 @@ ROUTING: dict[str, Route] = {
     "kv_aware": kv_aware,
     "power_of_two": power_of_two,
 }
+
+
+# -- between pools (``[cluster] kind = "both"``) ------------------------------------------
+# The same signature, over the two pools of a mixed cluster, index 0 the aggregated pool and
+# 1 the P/D pool: ``loads`` holds each pool's requests in flight per device it holds (so a
+# pool of more or faster-to-fill hardware takes more), ``free_blocks`` its free KV blocks.
+
+def pool_share(share: float) -> Route:
+    """A fixed share of the requests to pool 0 (the aggregated one), the rest to pool 1,
+    spread evenly: request ``counter`` goes to pool 0 when ``floor((counter + 1) share)``
+    passes ``floor(counter share)`` (``share`` 0.5: every other one, from the second)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"pool share {share!r} must lie in [0, 1]")
+
+    def route(loads: Sequence[float], free_blocks: Sequence[int], counter: int) -> int:
+        return 0 if int((counter + 1) * share) > int(counter * share) else 1
+
+    return route
+
+
+#: pool routing by name: a policy of ``ROUTING``'s shape, or a factory of one from the
+#: aggregated pool's share (``cluster.aggregated_share``)
+POOL_ROUTING: dict[str, Callable] = {
+    "least_loaded": least_work,       # fewest requests in flight per device
+    "share": pool_share,
+}

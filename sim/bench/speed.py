@@ -12,6 +12,8 @@ Prints, for a Chatbot run near the knee:
   same arrival rate. The latter is 10x the decode demand of a run at the knee: the queue
   grows without bound and the full KV pool preempts and restores requests over and over
   (``num_preemptions_per_request``), so its cost is per preemption, not per output token;
+- the same two figures for an aggregated cluster on as many devices (``aggregated_case``):
+  requests per bare event at the same rate, and the 10x-output ratio at equal offered load;
 - the start-up of ``hawk simulate``: a fresh interpreter's seconds up to its first simulated
   event (imports, config, trace; ``startup_s`` in CPU seconds, ``startup_wall_s`` on the
   clock; target ``STARTUP_TARGET_S``);
@@ -257,11 +259,55 @@ def run(num_requests: int = 100_000, rate: float | None = None, seed: int = 0,
         # each repeat's own figures (its bare loop, its runs): how much the machine moved them
         "per_repeat": per_repeat,
     }
+    report["aggregated"] = [aggregated_case(rate, num_requests, seed, repeats, k)
+                            for k in (1, 2)]
     if memory_requests:
         report["peak_rss_mb"] = peak_memory_mb(memory_requests, rate, stream=False, seed=seed)
         report["peak_rss_mb_streamed"] = peak_memory_mb(memory_requests, rate, stream=True,
                                                         seed=seed)
     return report
+
+
+def aggregated_config(seed: int = 0, num_instances: int = 1) -> RunConfig:
+    """The aggregated case: A100 TP4 instances, the default P/D cluster's prefill device
+    (one instance: one router domain of one instance, as the P/D cluster has one per phase;
+    two: as many devices as the P/D cluster)."""
+    from sim.config import from_dict
+
+    return from_dict({"seed": seed, "cluster": {
+        "kind": "aggregated", "aggregated": {"num_instances": num_instances}}})
+
+
+def aggregated_case(rate: float, num_requests: int, seed: int, repeats: int,
+                    num_instances: int = 1) -> dict:
+    """Requests per bare event of an aggregated Chatbot run at ``rate`` (the P/D run's),
+    and its wall ratio with 10x outputs at 1/10 the rate (the same output tokens per
+    second). Best of ``repeats``, each beside its own bare loop."""
+    config = aggregated_config(seed, num_instances)
+    runs = {"1x": make_workload("chatbot", rate, num_requests, seed=seed),
+            "10x": _longer_outputs(rate / 10, num_requests, seed)}
+    walls = dict.fromkeys(runs, math.inf)
+    results: dict = {}
+    bare = 0.0
+    for _ in range(repeats):
+        bare = max(bare, bare_event_rate())
+        for name, trace in runs.items():
+            wall, results[name] = _timed(config, trace)
+            walls[name] = min(walls[name], wall)
+
+    def per_request(name: str, key: str) -> float:
+        return sum(results[name].stats[key]) / num_requests
+
+    return {
+        "num_instances": num_instances,
+        "requests_per_bare_event": num_requests / walls["1x"] / bare,
+        "wall_s": walls["1x"],
+        "slo_attainment": results["1x"].summary["slo_attainment"],
+        "wakeups_per_request": per_request("1x", "aggregated_wakeups"),
+        "preemptions_per_request": per_request("1x", "aggregated_preemptions"),
+        "long_output_wall_ratio": walls["10x"] / walls["1x"],
+        "long_output_wakeups_per_request": per_request("10x", "aggregated_wakeups"),
+    }
 
 
 def format_report(r: dict) -> str:
@@ -285,6 +331,14 @@ def format_report(r: dict) -> str:
         f"  start-up to first event  {r['startup_s']:>12.3f} s CPU "
         f"({r['startup_wall_s']:.3f} s wall; target < {STARTUP_TARGET_S:g} s)",
     ]
+    for a in r.get("aggregated", ()):
+        lines += [
+            f"  {'aggregated %dx A100 TP4' % a['num_instances']:<25}"
+            f"{a['requests_per_bare_event']:>12.4f}   requests per bare event (SLO attainment {100 * a['slo_attainment']:.1f}%; "
+            f"{a['wakeups_per_request']:.2f} timer firings per request)",
+            f"    10x longer outputs     {a['long_output_wall_ratio']:>12.2f}x wall "
+            f"(the same output tokens/s; {a['long_output_wakeups_per_request']:.2f} firings "
+            f"per request)"]
     spread = r.get("per_repeat")
     if spread and len(spread["requests_per_bare_event"]) > 1:
         def span(key: str, fmt: str) -> str:

@@ -12,6 +12,7 @@ from traces import metrics
 from sim.config import ConfigError, RunConfig
 from traces.jsonout import dumps, writable_dir
 from sim.commands.args import add_common, add_profile, config_from_args
+from sim.engine.pools import describe_pools
 
 
 def _fmt(value) -> str:
@@ -28,6 +29,8 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
     head = (f"{model}: prefill {cl.prefill.num_instances}x({cl.prefill.tp}x {cl.prefill.device})"
             f" -> decode {cl.decode.num_instances}x({cl.decode.tp}x {cl.decode.device}) via "
             f"{cl.link.mechanism}, {load}")
+    if cl.kind != "disaggregated":            # an aggregated pool (sim.engine.pools)
+        head = f"{model}: {describe_pools(cl)}, {load}"
     rows = [("requests", summary["num_requests"]), ("finished ok", summary["num_finished"]),
             ("failed", summary["num_failed"]), ("unfinished", summary["num_unfinished"]),
             ("SLO attainment", f"{100 * summary['slo_attainment']:.1f}% "

@@ -47,9 +47,13 @@ from sim.config.tables import (SCENARIO, SCENARIO_ANY_DEVICE, SOURCES,  # noqa: 
 def _check_cells(config: "RunConfig") -> None:
     """With ``instances = "split"`` every cell gets an equal share of each phase's instances."""
     cells = config.cells
+    if cells.count > 1 and config.cluster.kind == "both":
+        raise ConfigError(f"cells.count = {cells.count}: a cluster of kind "
+                          f"{config.cluster.kind!r} does not run as cells yet; run it as one "
+                          f"router domain (cells.count = 1)")
     if cells.instances != "split":
         return
-    for role in ("prefill", "decode"):
+    for role in _roles(config.cluster):
         n = getattr(config.cluster, role).num_instances
         if n % cells.count:
             raise ConfigError(
@@ -94,7 +98,7 @@ def user_settings(config: RunConfig) -> dict:
     default = _flatten(to_dict(RunConfig()))        # built in code: what differs, or was set
     out = {k: v for k, v in _flatten(to_dict(config)).items()
            if not _is_instance_key(k) and v != default.get(k)}
-    for role in ("prefill", "decode"):
+    for role in _roles(config.cluster):
         inst = getattr(config.cluster, role)
         out.update({f"cluster.{role}.{k}": getattr(inst, k)
                     for k, s in inst.sources.items() if s == "user"})
@@ -107,8 +111,9 @@ def provenance(config: RunConfig) -> dict[str, dict]:
     given = _flatten(user_settings(config))
     measured = getattr(config, "_from_profile", ())
     out = {}
+    unused = _unused_keys(config.cluster)
     for key, value in _flatten(to_dict(config)).items():
-        if key.endswith(".role"):
+        if key.endswith(".role") or key.startswith(unused):
             continue
         if key in measured:
             source = "profile"
@@ -144,7 +149,42 @@ def _toml(value, key: str = "") -> str:
 
 def _is_instance_key(key: str) -> bool:
     parts = key.split(".")
-    return len(parts) == 3 and parts[0] == "cluster" and parts[1] in ("prefill", "decode")
+    return len(parts) == 3 and parts[0] == "cluster" and parts[1] in INSTANCE_ROLES
+
+
+#: the cluster's instance tables
+INSTANCE_ROLES = ("prefill", "decode", "aggregated")
+#: the keys of a P/D pool and of its KV link (none on an aggregated cluster)
+_PD_KEYS = ("cluster.prefill.", "cluster.decode.", "cluster.link.", "cluster.decode_routing")
+
+
+def _roles(cluster) -> tuple[str, ...]:
+    """The instance tables ``cluster`` serves from."""
+    return {"disaggregated": ("prefill", "decode"), "aggregated": ("aggregated",),
+            "both": INSTANCE_ROLES}[cluster.kind]
+
+
+def _unused_keys(cluster) -> tuple[str, ...]:
+    """Prefixes of the resolved keys a cluster of this kind has no use for (left out of its
+    provenance: a disaggregated run's reads as before aggregated serving existed)."""
+    if cluster.kind == "disaggregated":
+        return ("cluster.kind", "cluster.aggregated", "cluster.pool_routing")
+    if cluster.kind == "aggregated":
+        return _PD_KEYS + ("cluster.pool_routing", "cluster.aggregated_share")
+    return ()
+
+
+def _check_kind_tables(cluster: dict) -> None:
+    """Refuse the tables of a P/D pool on an aggregated cluster, naming them: it has no
+    prefill or decode instances and moves no KV cache."""
+    if cluster.get("kind") != "aggregated":
+        return
+    for name in ("prefill", "decode", "link", "decode_routing"):
+        if name in cluster:
+            raise ConfigError(f"cluster.{name}: an aggregated cluster (cluster.kind = "
+                              f"\"aggregated\") has no prefill/decode pools and moves no KV "
+                              f"cache; set its instances in [cluster.aggregated], or use "
+                              f"cluster.kind = \"both\"")
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -198,9 +238,13 @@ def from_dict(data: dict) -> RunConfig:
     top = _table(data, "the configuration", {f.name for f in dataclasses.fields(RunConfig)})
     cluster = dict(_table(top.get("cluster", {}), "cluster",
                           {f.name for f in dataclasses.fields(ClusterConfig)}))
+    _check_kind_tables(cluster)
     for role in ("prefill", "decode"):
         cluster[role] = _build(InstanceConfig, cluster.get(role, {}), f"cluster.{role}",
                                role=role)
+    if "aggregated" in cluster:
+        cluster["aggregated"] = _build(InstanceConfig, cluster["aggregated"],
+                                       "cluster.aggregated", role="aggregated")
     cluster["link"] = _build(LinkConfig, cluster.get("link", {}), "cluster.link")
     cluster["policies"] = _build(PolicyConfig, cluster.get("policies", {}), "cluster.policies")
     config = RunConfig(**{

@@ -21,7 +21,14 @@ SOURCES = ("user", "device", "scenario", "profile")
 SCENARIO = {
     "prefill": {"device": "a100-pcie", "kv_dtype": "fp8", "max_batch_size": 32},
     "decode": {"device": "p150a"},
+    "aggregated": {"device": "a100-pcie"},
 }
+#: vLLM V1's token budget beside its max_num_seqs default on a GPU (devices.toml's top
+#: comment: vllm/engine/arg_utils.py pairs 1024 sequences with 8192 tokens, 256 with 2048);
+#: an aggregated instance's step takes it (the scenario's prefill keeps its own 2048)
+VLLM_TOKEN_BUDGET = {1024: 8192, 256: 2048}
+#: the cluster's shapes (``[cluster] kind``): P/D pools (today's), one aggregated pool, both
+CLUSTER_KINDS = ("disaggregated", "aggregated", "both")
 #: the scenario's instance settings that do not depend on the device (docs/paper.md 5: TP4;
 #: 2,048 tokens per prefill iteration: vLLM V1's default on an A100, as in the paper profile)
 SCENARIO_ANY_DEVICE = {"tp": 4, "num_instances": 1, "max_batch_tokens": 2048,
@@ -92,6 +99,10 @@ def _resolve(inst: InstanceConfig, w: str) -> tuple[dict, dict]:
     _check_choice(w, "device", device, devices())
     assumed = scenario if device == scenario.get("device") else {}
     device_defaults = devices()[device].serving.defaults()
+    if inst.role == "aggregated" and devices()[device].kind == "gpu":
+        budget = VLLM_TOKEN_BUDGET.get(device_defaults["max_batch_size"])
+        if budget is not None:
+            device_defaults["max_batch_tokens"] = budget
     values, sources = {}, {}
     for name in SETTINGS:
         for source, table in (("user", given), ("scenario", assumed),
@@ -106,7 +117,15 @@ def _check_admission(inst: InstanceConfig, w: str) -> None:
     """Decode KV admission is a decode setting; prefill instances have none."""
     from policies.admission import ADMISSION
 
-    if inst.role == "prefill":
+    if inst.role == "aggregated":
+        # vLLM V1 allocates blocks on demand and recomputes a preempted request
+        _check_choice(w, "admission", inst.admission, ("on-demand-recompute",))
+        if inst.max_batch_size > inst.max_batch_tokens:
+            raise ConfigError(f"{w}.max_batch_size = {inst.max_batch_size} exceeds "
+                              f"{w}.max_batch_tokens = {inst.max_batch_tokens}: every running "
+                              f"sequence's decode takes a token of the step's budget (vLLM "
+                              f"refuses max_num_seqs > max_num_batched_tokens)")
+    elif inst.role == "prefill":
         if inst.sources["admission"] == "user":
             raise ConfigError(f"{w}.admission: KV admission is a decode setting; set it in "
                               f"[cluster.decode]")
@@ -241,8 +260,14 @@ class ClusterConfig:
     decode_routing: str = "least_loaded"
     fast_forward: bool = True           # False: iteration-by-iteration decode (the oracle)
     policies: PolicyConfig = field(default_factory=PolicyConfig)
+    kind: str = "disaggregated"         # CLUSTER_KINDS
+    aggregated: InstanceConfig | None = None   # [cluster.aggregated]; None: disaggregated
+    pool_routing: str = "least_loaded"  # kind "both": policies.routing.POOL_ROUTING
+    aggregated_share: float = 0.5       # pool_routing "share": the aggregated pool's share
 
     def __post_init__(self) -> None:
+        _check_choice("cluster", "kind", self.kind, CLUSTER_KINDS)
+        _check_aggregated(self)
         _check_str("cluster", "profile", self.profile)
         _check_policy("cluster", "routing", self.routing)
         _check_policy("cluster", "decode_routing", self.decode_routing)
@@ -250,9 +275,29 @@ class ClusterConfig:
         if _check_measured_model(self):
             return                      # the measured profile's own model and workers
         _check_choice("cluster", "model", self.model, models())
-        for inst in (self.prefill, self.decode):
-            _check_heads(models()[self.model], inst)
-        _check_same_kv_dtype(self)
+        for inst in (self.prefill, self.decode, self.aggregated):
+            if inst is not None:
+                _check_heads(models()[self.model], inst)
+        if self.kind != "aggregated":
+            _check_same_kv_dtype(self)
+
+
+def _check_aggregated(cluster: "ClusterConfig") -> None:
+    """An aggregated pool exists where ``kind`` asks for one (built from the device's
+    defaults when [cluster.aggregated] is not given), and only there."""
+    from policies.routing import POOL_ROUTING
+
+    if cluster.kind == "disaggregated":
+        if cluster.aggregated is not None:
+            raise ConfigError("cluster.aggregated: set cluster.kind = \"aggregated\" or "
+                              "\"both\" to serve from an aggregated pool (kind is "
+                              "\"disaggregated\")")
+        return
+    if cluster.aggregated is None:
+        object.__setattr__(cluster, "aggregated", InstanceConfig(role="aggregated"))
+    if cluster.kind == "both":
+        _check_choice("cluster", "pool_routing", cluster.pool_routing, POOL_ROUTING)
+        _check_range("cluster", "aggregated_share", cluster.aggregated_share, 0.0, 1.0)
 
 
 def _check_measured_model(cluster: "ClusterConfig") -> bool:

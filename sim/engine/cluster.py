@@ -18,6 +18,7 @@ from policies import resolve
 from traces import metrics
 from traces.tenants import by_tenant
 from sim.config import ConfigError, InstanceConfig, RunConfig, provenance
+from sim.engine import pools
 from sim.engine.decode import DecodeInstance
 from sim.engine.ledger import Ledger
 from sim.engine.link import KVLink
@@ -148,6 +149,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         raise ConfigError(f"cells.count = {config.cells.count}: a run of cells goes through "
                           f"sim.runs.cells.run.simulate_cells (hawk simulate --cells); simulate() runs one "
                           f"router domain and would silently ignore the others")
+    if config.cluster.kind == "aggregated":      # no P/D pool (sim.engine.pools)
+        return _simulate_aggregated(config, trace, until, predictors, stream)
     if stream is None:
         trace = trace if trace is not None else workload_trace(config)
         check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
@@ -212,8 +215,16 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         from tqdm import tqdm
 
         bar = tqdm(total=ledger.n, desc="arrivals", unit="req", disable=None, leave=False)
-    Router(env, ledger, prefills, decodes, resolve("routing", cl.routing), model.max_context, bar,
-           eager=eager_arrivals)
+    pool = None                  # kind "both": an aggregated pool beside (sim.engine.pools)
+    if cl.kind == "both":
+        pool = pools.beside_pd(env, config, ledger, prefills, decodes, model.max_context,
+                               make_predictor(config, cl.aggregated),
+                               kv_capacity_blocks(config, cl.aggregated))
+        for a in pool if monitor_interval_s is not None else ():
+            a.ahead = False           # the monitor counts requests ended by now
+    else:
+        Router(env, ledger, prefills, decodes, resolve("routing", cl.routing),
+               model.max_context, bar, eager=eager_arrivals)
     samples: list[tuple[float, int]] = []
     if monitor_interval_s is not None:
         env.process(_monitor(env, ledger, monitor_interval_s, samples))
@@ -266,7 +277,45 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         summary["profile"] = {"path": measured.profile.path,
                               "complete": measured.profile.complete,
                               "extrapolated": measured.extrapolation()}
+    if pool is not None:
+        pools.add_pool(summary, stats, pool, config, float(env.now))
     summary["config"] = provenance(config)      # every resolved value and where it came from
+    return RunResult(config, records, summary, stats,
+                     aggregate=None if stream is None else ledger.aggregate)
+
+
+def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) -> RunResult:
+    """``simulate`` for ``kind = "aggregated"``: the same records and summary keys
+    (``sim.engine.pools``); ``predictors`` = (predictor, ...) replaces the roofline."""
+    if stream is None:
+        trace = trace if trace is not None else workload_trace(config)
+        check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
+    inst = config.cluster.aggregated
+    wall = time.perf_counter()
+    env = simpy.Environment()
+    if stream is None:
+        ledger = Ledger(trace)
+    else:
+        from sim.engine.stream import open_ledger
+
+        ledger = open_ledger(config, trace, stream, until, False)
+    pool = pools.aggregated_pool(env, config, ledger, predictors[0] if predictors else
+                                 make_predictor(config, inst), kv_capacity_blocks(config, inst),
+                                 trace if stream is None else None)
+    pools.start_arrivals(env, config, ledger, pool, catalog.model(config.cluster.model).max_context)
+    try:
+        run_events(env, until)
+    except BaseException as exc:
+        if stream is not None:
+            ledger.close(exc)
+        raise
+    records, summary = pools.records_and_summary(config, ledger, until, stream is not None)
+    summary["sim_wall_time_s"] = time.perf_counter() - wall
+    summary["simulated_time_s"] = span = float(env.now)
+    stats = pools.pool_stats(pool, span)
+    summary.update(metrics.utilization(stats, span))
+    summary.update(pools.aggregated_energy(stats, summary, config))
+    summary["config"] = provenance(config)
     return RunResult(config, records, summary, stats,
                      aggregate=None if stream is None else ledger.aggregate)
 

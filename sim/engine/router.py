@@ -10,11 +10,18 @@ decide, so arrivals are admitted lazily: a busy instance takes the requests that
 meanwhile when it next looks at its queue, and an idle one takes the next arrival ahead of time
 and starts its batch at that arrival, so arrivals need no timers at all. Both ways give the
 same instants (tested).
+
+Aggregated pools (``sim.engine.aggregated``) have their own two: ``LazyArrivals`` for a lone
+aggregated instance, ``PoolRouter`` for several, or for an aggregated pool beside a P/D pool.
 """
 
 from __future__ import annotations
 
+import math
+from heapq import heappush
+
 import numpy as np
+from simpy.events import URGENT, Event
 
 
 class Router:
@@ -105,3 +112,126 @@ class Router:
                            self.num_routed)
             if self._admit(i, prefills[k]):
                 prefills[k].kick()
+
+
+# -- aggregated pools (``[cluster] kind = "aggregated" | "both"``) ------------------------
+def aggregated_rejects(instance, prompt: np.ndarray, output: np.ndarray,
+                       max_context: int) -> np.ndarray:
+    """``sim.engine.ledger.REJECTIONS`` codes for an aggregated instance: 1 a request longer
+    than the model's context, 3 one whose KV cache can never fit the instance's blocks."""
+    total = np.asarray(prompt, dtype=np.int64) + np.asarray(output, dtype=np.int64)
+    no_room = -(-total // instance.block_size) > instance.num_blocks
+    return np.select([total > max_context, no_room], [1, 3], 0)
+
+
+class LazyArrivals:
+    """Arrivals for a lone aggregated instance (``sim.engine.aggregated``): there is nothing
+    to decide, so the instance admits the requests that have arrived whenever it schedules a
+    step, and sleeps until the next arrival when it has nothing to do: no timer per arrival."""
+
+    def __init__(self, ledger, instance, max_context: int):
+        self.ledger, self.instance = ledger, instance
+        self.next = 0
+        self.reasons = ledger.judge(lambda p, o: aggregated_rejects(instance, p, o, max_context))
+        instance.source = instance.horizon = self
+        instance.ahead = instance.fast_forward    # it knows every arrival: commit ahead
+        instance.env.timeout(0).callbacks.append(lambda _ev: instance.kick())
+
+    def admit_until(self, now: float) -> None:
+        i, n, ledger = self.next, self.ledger.n, self.ledger
+        arrivals, reasons, enqueue = ledger.arrival_at, self.reasons, self.instance.enqueue
+        while i < n and arrivals[i] <= now:
+            if reasons[i] is None:
+                enqueue(i)
+            else:
+                ledger.fail(i, reasons[i], arrivals[i])
+            i += 1
+        self.next = i
+
+    def next_arrival_at(self) -> float:
+        return self.ledger.arrival_at[self.next] if self.next < self.ledger.n else math.inf
+
+
+class PoolRouter:
+    """Routes every arrival, at its instant, to an aggregated instance or (``kind = "both"``)
+    first to a pool, by ``pool_route`` over ``[aggregated pool, P/D pool]`` loads (requests
+    in flight per device: ``policies.routing.POOL_ROUTING``), then to an instance of that
+    pool by ``route``. A request one pool can never serve goes to the other; one that
+    neither can ends at its arrival with the P/D pool's reason (else the aggregated one's).
+
+    Arrivals are events of urgent priority: at any instant they are routed before the
+    instances' step boundaries of that instant, so a request arriving at a boundary joins
+    the step that starts there, with or without fast-forward."""
+
+    def __init__(self, env, ledger, aggregated: list, route, max_context: int, *,
+                 prefills=(), decodes=(), pool_route=None, devices=(1, 1)):
+        self.env, self.ledger = env, ledger
+        self.aggregated, self.prefills, self.decodes = aggregated, list(prefills), list(decodes)
+        self.route, self.pool_route, self.max_context = route, pool_route, max_context
+        self.devices = devices                    # (aggregated pool, P/D pool) devices
+        self.num_routed = [0, 0, 0]               # to aggregated, to P/D, pools chosen
+        self.next = 0
+        self.reasons = ledger.judge(self.reject_codes)
+        self._event = Event(env)
+        self._event._ok, self._event._value = True, None
+        for a in aggregated:                      # no one looks at them between arrivals
+            a.horizon, a.ahead = self, a.fast_forward
+        self._arm()
+
+    def next_arrival_at(self) -> float:
+        """The instant of the next arrival not yet routed (inf: none is left)."""
+        return self.ledger.arrival_at[self.next] if self.next < self.ledger.n else math.inf
+
+    def reject_codes(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+        agg = aggregated_rejects(self.aggregated[0], prompt, output, self.max_context)
+        if not self.prefills:
+            return agg
+        pd = Router.reject_codes(self, prompt, output)   # its checks on our prefills/decodes
+        return np.where((agg == 0) | (pd == 0), 0, np.where(pd != 0, pd, agg))
+
+    def _arm(self) -> None:
+        ledger, i = self.ledger, self.next
+        if i == ledger.n:
+            return
+        now, at = self.env._now, ledger.arrival_at[i]
+        self._event.callbacks = [self._arrive]
+        heappush(self.env._queue, (now + (at - now) if at > now else now, URGENT,
+                                   next(self.env._eid), self._event))
+
+    def _arrive(self, _event) -> None:
+        i = self.next
+        self.next = i + 1
+        reason = self.reasons[i]
+        if reason is not None:
+            self.ledger.fail(i, reason, self.ledger.arrival_at[i])
+        elif self._to_aggregated(i):
+            live = [a for a in self.aggregated if not a.lost] or self.aggregated
+            k = self.route([a.load for a in live], [a.free_blocks for a in live],
+                           self.num_routed[0])
+            self.num_routed[0] += 1
+            live[k].enqueue(i)
+            live[k].kick()
+        else:
+            prefills = self.prefills
+            k = self.route([p.load for p in prefills], [p.free_blocks for p in prefills],
+                           self.num_routed[1])
+            self.num_routed[1] += 1
+            prefills[k].enqueue(i)
+            prefills[k].kick()
+        self._arm()
+
+    def _to_aggregated(self, i: int) -> bool:
+        if not self.prefills:
+            return True
+        one = (np.array([self.ledger.prompt[i]]), np.array([self.ledger.output[i]]))
+        agg_ok = aggregated_rejects(self.aggregated[0], *one, self.max_context)[0] == 0
+        pd_ok = Router.reject_codes(self, *one)[0] == 0
+        if agg_ok != pd_ok:                       # (one of them fits: it was not rejected)
+            return agg_ok
+        in_agg = sum([a.load for a in self.aggregated])
+        in_pd = sum([len(p.queue) for p in self.prefills]) + sum(
+            [d.num_assigned for d in self.decodes])
+        loads = [in_agg / self.devices[0], in_pd / self.devices[1]]
+        pool = self.pool_route(loads, [0, 0], self.num_routed[2])
+        self.num_routed[2] += 1
+        return pool == 0

@@ -22,6 +22,10 @@ Decode fast-forward needs the time of ``k`` iterations of a fixed batch whose to
 grows by ``batch`` tokens per iteration: ``decode_time(batch, context, k)``, and the inverse,
 ``decode_steps_within(batch, context, k, elapsed)``. The roofline answers both in closed form;
 the table predictor with a vectorised cumulative sum. ``decode_step_time`` is the oracle.
+
+An aggregated engine (``sim.engine.aggregated``) runs prompt chunks and decodes in one step:
+``mixed_step_time(prefill_chunks, decode_contexts)``, equal to ``prefill_time([n])`` for one
+fresh chunk and to ``decode_step_time`` for decodes alone.
 """
 
 from __future__ import annotations
@@ -114,6 +118,15 @@ class Predictor:
         """Step time for each total context in ``contexts`` (vectorised)."""
         raise NotImplementedError
 
+    def mixed_step_time(self, prefill_chunks: Sequence[tuple[int, int]],
+                        decode_contexts: Sequence[int]) -> float:
+        """One step of an aggregated engine (``sim.engine.aggregated``): prompt chunks
+        ``(num_tokens, num_context_before)`` and decode sequences of these contexts (the
+        tokens each one's step attends to, its new one included) in the same forward pass.
+        A step of decodes only must equal ``decode_step_time(len, sum)``, and one chunk with
+        no context before ``prefill_time([num_tokens])``, exactly."""
+        raise NotImplementedError
+
     def decode_step_time(self, batch: int, context: int) -> float:
         return float(self.decode_step_times(batch, np.array([context], dtype=np.float64))[0])
 
@@ -204,6 +217,37 @@ class RooflinePredictor(Predictor):
         roof = memory if memory > compute else compute                  # max(), no call
         if self.tp > 1:
             roof += self.allreduce_time(int(tokens))
+        return roof + self.eff.step_overhead_s
+
+    def mixed_step_time(self, prefill_chunks: Sequence[tuple[int, int]],
+                        decode_contexts: Sequence[int]) -> float:
+        """One forward pass of prompt chunks and decode sequences: the weights read once;
+        the linear layers' FLOPs of every token (the chunks' at the prefill compute
+        efficiency, the decode tokens' at the decode one, as each phase alone is priced);
+        each chunk's causal attention over its context and its own tokens, each chunk writing
+        its tokens' KV and reading its context's; each decode sequence's KV read; one
+        all-reduce of all the step's tokens; one step overhead. With a chunk in the step the
+        weights are read at the prefill memory efficiency."""
+        batch = len(decode_contexts)
+        if not prefill_chunks:
+            return self.decode_step_time(batch, int(sum(decode_contexts))) if batch else 0.0
+        tokens = sum([n for n, _ in prefill_chunks])
+        # causal pairs of a chunk of n tokens after c: n c + n (n + 1) / 2 (twice: even)
+        twice_pairs = sum([n * (2 * c + n + 1) for n, c in prefill_chunks])
+        context_read = sum([c for _, c in prefill_chunks])
+        total = float(tokens)
+        flops = (self._body_flops_per_token * total + self._lm_head_flops * len(prefill_chunks)
+                 + self._attn_flops_per_ctx * float(twice_pairs // 2))
+        nbytes = self._weights + self._kv_per_token * (total + context_read)
+        compute, memory = flops / self._prefill_flops_rate, nbytes / self._prefill_bytes_rate
+        if batch:
+            _, c0, c1, _, m1 = self._decode_lines(batch)
+            context = float(sum(decode_contexts))
+            compute += c0 + c1 * context
+            memory += m1 * context
+        roof = memory if memory > compute else compute
+        if self.tp > 1:
+            roof += self.allreduce_time(int(tokens) + batch)
         return roof + self.eff.step_overhead_s
 
     def _decode_lines(self, batch: int) -> tuple[float, float, float, float, float]:

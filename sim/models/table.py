@@ -118,6 +118,23 @@ class TablePredictor(Predictor):
         times = self._decode(float(batch), contexts)
         return times * self.decode_factor if self.decode_factor != 1.0 else times
 
+    def mixed_step_time(self, prefill_chunks: Sequence[tuple[int, int]],
+                        decode_contexts: Sequence[int]) -> float:
+        """An approximation from the measured phases alone (the table has no mixed points):
+        the prefill batch of the chunks' tokens plus the decode step of the sequences, less
+        one fixed cost of a step (the weights read and the overhead, taken as the decode
+        line's time of one sequence at context 0), and never less than either part. The
+        context a chunk attends to is not priced (the prefill points are fresh prompts)."""
+        batch = len(decode_contexts)
+        decode = (self.decode_step_time(batch, int(sum(decode_contexts))) if batch else 0.0)
+        if not prefill_chunks:
+            return decode
+        prefill = self.prefill_time([n for n, _ in prefill_chunks])
+        if not batch:
+            return prefill
+        fixed = self.decode_factor * float(self._decode(1.0, np.array([0.0]))[0])
+        return max(prefill + decode - fixed, prefill, decode)
+
     @classmethod
     def sample(cls, predictor: Predictor, prefill_tokens, decode_batches,
                decode_contexts) -> "TablePredictor":

@@ -86,6 +86,10 @@ def cell_seed(seed: int, index: int) -> int:
 def instances_per_cell(config: RunConfig) -> tuple[int, int]:
     """(prefill, decode) instances of one cell."""
     cl, cells = config.cluster, config.cells
+    if cl.kind == "aggregated":          # its instances count as both (sim.engine.pools)
+        n = cl.aggregated.num_instances
+        n = n if cells.instances == "per-cell" else n // cells.count
+        return n, n
     if cells.instances == "per-cell":
         return cl.prefill.num_instances, cl.decode.num_instances
     return cl.prefill.num_instances // cells.count, cl.decode.num_instances // cells.count
@@ -96,9 +100,15 @@ def whole_cluster(config: RunConfig) -> RunConfig:
     if config.cells.instances == "split":
         return config
     count = config.cells.count
-    return config.replace(**{
-        "cluster.prefill.num_instances": config.cluster.prefill.num_instances * count,
-        "cluster.decode.num_instances": config.cluster.decode.num_instances * count})
+    return config.replace(**{f"cluster.{role}.num_instances": n * count
+                             for role, n in _instance_counts(config).items()})
+
+
+def _instance_counts(config: RunConfig) -> dict[str, int]:
+    cl = config.cluster
+    if cl.kind == "aggregated":
+        return {"aggregated": cl.aggregated.num_instances}
+    return {"prefill": cl.prefill.num_instances, "decode": cl.decode.num_instances}
 
 
 def cell_config(config: RunConfig, index: int) -> RunConfig:
@@ -112,10 +122,11 @@ def cell_config(config: RunConfig, index: int) -> RunConfig:
                               f"decode instances ({decode} each)")
         if g // decode == index:
             losses.append([g % decode, at])
+    counts = ({"cluster.aggregated.num_instances": decode}
+              if config.cluster.kind == "aggregated" else
+              {"cluster.prefill.num_instances": prefill, "cluster.decode.num_instances": decode})
     return config.replace(**{"cells.count": 1, "cells.instances": "split",
-                             "seed": cell_seed(config.seed, index),
-                             "cluster.prefill.num_instances": prefill,
-                             "cluster.decode.num_instances": decode,
+                             "seed": cell_seed(config.seed, index), **counts,
                              "faults.instance_loss": losses})
 
 
@@ -319,9 +330,12 @@ def pooled_stats(config: RunConfig, jobs: list[CellJob], outcomes: list[CellOutc
             "decode_preemptions": [0] * decode, "link_busy_s": 0.0, "link_bytes": 0,
             "failed_transfer_attempts": 0}
     cells = [by_index.get(k, idle) for k in range(config.cells.count)]
-    out = {key: [v for c in cells for v in c[key]] for key in
-           ("prefill_busy_s", "prefill_batches", "decode_busy_s", "decode_iterations",
-            "decode_preemptions")}
+    keys = ("prefill_busy_s", "prefill_batches", "decode_busy_s", "decode_iterations",
+            "decode_preemptions")
+    if config.cluster.kind == "aggregated":
+        keys += ("aggregated_busy_s",)
+        idle["aggregated_busy_s"] = idle["decode_busy_s"]
+    out = {key: [v for c in cells for v in c[key]] for key in keys}
     out["link_busy_s"] = max(c["link_busy_s"] for c in cells)      # busiest NIC
     out["link_bytes"] = sum(c["link_bytes"] for c in cells)
     out["failed_transfer_attempts"] = sum(c["failed_transfer_attempts"] for c in cells)

@@ -18,10 +18,11 @@ aggregated instance, ``PoolRouter`` for several, or for an aggregated pool besid
 from __future__ import annotations
 
 import math
-from heapq import heappush
 
 import numpy as np
 from simpy.events import URGENT, Event
+
+from sim.engine.timers import schedule_after
 
 
 class Router:
@@ -195,8 +196,7 @@ class PoolRouter:
             return
         now, at = self.env._now, ledger.arrival_at[i]
         self._event.callbacks = [self._arrive]
-        heappush(self.env._queue, (now + (at - now) if at > now else now, URGENT,
-                                   next(self.env._eid), self._event))
+        schedule_after(self.env, at - now if at > now else 0.0, self._event, URGENT)
 
     def _arrive(self, _event) -> None:
         i = self.next
@@ -230,7 +230,7 @@ class PoolRouter:
             return agg_ok
         in_agg = sum([a.load for a in self.aggregated])
         in_pd = sum([len(p.queue) for p in self.prefills]) + sum(
-            [d.num_assigned for d in self.decodes])
+            [d.load for d in self.decodes])
         loads = [in_agg / self.devices[0], in_pd / self.devices[1]]
         pool = self.pool_route(loads, [0, 0], self.num_routed[2])
         self.num_routed[2] += 1

@@ -111,11 +111,13 @@ class MovableTimer:
         self.callback()
 
 
-def schedule_after(env: Environment, delay: float, event: Event) -> None:
+def schedule_after(env: Environment, delay: float, event: Event,
+                   priority: int = NORMAL) -> None:
     """Schedule ``event`` (triggered, its callbacks set) ``delay`` seconds from now, as
     ``Timeout(env, delay)`` would be: the same instant, priority and place among ties, but
-    no new event (the caller reuses one that has fired)."""
-    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))
+    no new event (the caller reuses one that has fired). ``priority`` URGENT puts it ahead of
+    the instant's normal events (an arrival joining the step that ends then)."""
+    heappush(env._queue, (env._now + delay, priority, next(env._eid), event))
 
 
 def run_events(env: Environment, until: float | None = None) -> None:

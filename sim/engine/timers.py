@@ -22,7 +22,7 @@ router), so finding the entry and restoring the heap cost a few comparisons at C
 would schedule it (a prefill instance's one wake-up per batch); ``run_events`` is
 ``env.run`` with ``Environment.step`` inlined.
 
-This relies on SimPy 4's event queue (``pyproject.toml`` asks for ``simpy>=4.1``):
+This relies on SimPy 4's event queue (``pyproject.toml`` pins ``simpy>=4.1,<5``):
 ``env._queue`` a heap of ``(time, priority, id, event)``, ``env._eid`` the id counter and
 ``env._now`` the clock; ``tests/test_timers.py`` checks that layout, and
 ``tests/test_structure.py`` that no other module of ``sim`` mentions ``_queue`` or ``_eid``.

@@ -97,25 +97,37 @@ def _cluster_config(args):
 
 
 def cmd_serve(args) -> int:
-    """Start a router and workers, print the endpoint, serve until Ctrl-C."""
-    import signal
-    from hardware.serve.cluster import ClusterError, LocalCluster
+    """Start a router and workers, print the endpoint once they are warm, serve until Ctrl-C
+    or SIGTERM; a child that exits meanwhile is collected and named."""
+    import time
 
+    from hardware.serve.cluster import ClusterError, LocalCluster
+    from hardware.lifecycle import terminate_as_interrupt
+
+    terminate_as_interrupt()
     cluster = LocalCluster(_cluster_config(args), log_dir=args.logs)
     try:
         cluster.start()
     except ClusterError as e:
         print(f"real serve: {e}")
         return 1
+    except KeyboardInterrupt:
+        return 130
     try:
         print(f"serving on {cluster.endpoint}/v1/completions ({args.num_prefill} prefill, "
               f"{args.num_decode} decode, {args.mechanism}); Ctrl-C stops", flush=True)
-        signal.pause() if hasattr(signal, "pause") else input()
+        seen: set[str] = set()
+        while cluster.router.poll() is None:
+            time.sleep(1.0)
+            for name in sorted(set(cluster.reap()) - seen):
+                print(f"real serve: {name} exited", file=sys.stderr, flush=True)
+                seen.add(name)
+        print(f"real serve: the router exited with {cluster.router.returncode}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        pass
+        return 0
     finally:
         cluster.stop()
-    return 0
 
 
 def cmd_run(args) -> int:
@@ -148,11 +160,17 @@ def cmd_run(args) -> int:
     config = RealRunConfig(_cluster_config(args), ttft, tpot, args.context,
                            progress=not args.json)
     out = Path(args.out) if args.out else None
+    from hardware.lifecycle import terminate_as_interrupt
+    terminate_as_interrupt()                # timeout(1), kill: as Ctrl-C, records written
     try:
         summary = real_run(trace, config, out)
     except ClusterError as e:
         print(f"real run: {e}")
         return 1
+    except KeyboardInterrupt:
+        print("real run: interrupted before the trace started; nothing recorded",
+              file=sys.stderr)
+        return 130
     if args.json:
         print(dumps(summary))
         return 0

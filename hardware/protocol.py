@@ -28,9 +28,11 @@ send buffer answers ``SendBufferExhausted`` (back-pressure: the decode side may 
 a crash. Every payload segment is MACed by default (``DecodeClient(integrity=True)``): bytes
 changed on the way fail the pull with ``ChecksumMismatch``.
 
-The server holds at most ``max_connections`` control connections; one that has not shown the
-token may send at most ``wire.MAX_HELLO`` bytes per message and must do so within
-``frame_s``. A malformed message (not an object, a token or id of the wrong type) gets an
+The server holds at most ``max_connections`` control connections that have shown the token;
+one that has not yet holds one of ``preauth_slots`` pre-authentication slots instead
+(``hardware.preauth``: when they are full, the one that has waited longest is hung up on, so
+idle strangers cannot lock a decode worker out), may send at most ``wire.MAX_HELLO`` bytes per
+message and must show the token within ``frame_s``. A malformed message (not an object, a token or id of the wrong type) gets an
 error answer; no message stops a server thread other than its own connection's.
 """
 
@@ -46,6 +48,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from hardware.preauth import PREAUTH_SLOTS, PreAuthSlots
 from hardware.transfer_plan import TransferPlan
 from hardware.transport.base import (  # noqa: F401  (Prepared: a public name kept here)
     AuthError, PeerLost, Prepared, ProtocolError, Region, TransferTimeout, Transport,
@@ -77,7 +80,7 @@ class PrefillServer:
     def __init__(self, transport: Transport, send_buffer, source: Source, token: str,
                  host: str = "127.0.0.1", port: int = 0, lease_s: float = 30.0,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, max_connections: int = 64,
-                 frame_s: float = 10.0) -> None:
+                 frame_s: float = 10.0, preauth_slots: int = PREAUTH_SLOTS) -> None:
         self._key = check_token(token)
         if segment_bytes <= 0 or max_connections <= 0 or frame_s <= 0 or lease_s <= 0:
             raise ValueError(f"prefill: segment_bytes {segment_bytes}, max_connections "
@@ -96,7 +99,8 @@ class PrefillServer:
         self.address = self._sock.getsockname()[:2]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._open_conns = 0
+        self._open_conns = 0               # connections that showed the token
+        self._preauth = PreAuthSlots(preauth_slots)
         self.errors: list[str] = []
 
     def start(self) -> "PrefillServer":
@@ -133,11 +137,14 @@ class PrefillServer:
                 return
             with self._lock:
                 full = self._open_conns >= self.max_connections
-                self._open_conns += not full
             if full:
                 self._refuse(conn)
                 continue
-            t = threading.Thread(target=self._serve, args=(conn, next(conn_ids)), daemon=True)
+            cid = next(conn_ids)
+            evicted = self._preauth.admit(cid, lambda conn=conn: _hang_up(conn))
+            if evicted is not None:
+                evicted()
+            t = threading.Thread(target=self._serve, args=(conn, cid), daemon=True)
             t.start()
             self._threads = [th for th in self._threads if th.is_alive()] + [t]
 
@@ -171,7 +178,16 @@ class PrefillServer:
                         send_msg(conn, error_reply(e))
                         raise
                     reply, close = self._handle(msg, cid)
-                    authenticated = authenticated or not close
+                    if not authenticated and not close:
+                        if not self._preauth.authenticated(cid):
+                            return                      # evicted while it was answered
+                        with self._lock:
+                            authenticated = self._open_conns < self.max_connections
+                            self._open_conns += authenticated
+                        if not authenticated:
+                            reply, close = error_reply(ProtocolError(
+                                f"prefill {self.address}: too many connections (at most "
+                                f"{self.max_connections})")), True
                     conn.settimeout(self.frame_s)
                     send_msg(conn, reply)
                     conn.settimeout(0.2)
@@ -180,9 +196,10 @@ class PrefillServer:
         except (TransportError, OSError) as e:
             self.errors.append(f"{peer}: {e}")
         finally:
+            self._preauth.gone(cid)
             self._release_connection(cid)
             with self._lock:
-                self._open_conns -= 1
+                self._open_conns -= authenticated
 
     def _handle(self, msg: dict, cid: int) -> tuple[dict, bool]:
         """The answer to one message, and whether to close the connection after it."""
@@ -273,6 +290,14 @@ def _host_bytes(data) -> np.ndarray:
     if hasattr(data, "data_ptr"):
         data = data.detach().cpu().contiguous().view(-1).numpy()
     return np.asarray(data).reshape(-1).view(np.uint8)
+
+
+def _hang_up(conn: socket.socket) -> None:
+    """End a connection from another thread: its reader sees the end of the stream."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _copy_into(buffer, offset: int, data) -> None:

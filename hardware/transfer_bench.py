@@ -243,7 +243,8 @@ def mechanism_s(t, address, token: str, mechanism: str, req, repeats: int) -> fl
 
 def start_prefill(size_mb: float, args, token: str, log) -> tuple:
     """Start the prefill process; ``(process, its hello)`` once it serves."""
-    env = {**os.environ, "HAWK_TOKEN": token, "GLOG_minloglevel": "2"}
+    from hardware.lifecycle import child_env
+    env = child_env({**os.environ, "HAWK_TOKEN": token, "GLOG_minloglevel": "2"})
     cmd = [sys.executable, "-m", "hardware.transfer_bench", "--serve",
            "--size-bytes", str(int(size_mb * MIB)), "--transport", args.transport,
            "--device", args.device, "--num-layers", str(args.num_layers), "--seed", str(args.seed)]
@@ -319,22 +320,42 @@ def measure(size_mb: float, args, t, proc, hello: dict, token: str, progress) ->
 
 
 def _progress(total: int):
-    """A step counter on stderr: tqdm when installed, plain lines otherwise."""
+    """A step counter on stderr (tqdm when installed, plain lines otherwise): ``step(what)``
+    says that step begins, and counts the one before it as done; ``close()`` counts the last
+    one. The count reaches ``total`` only once every step has ended, so a bar at 24/24 means
+    finished (counting steps as they began showed 24/24 through the whole last step, the
+    largest size's last mechanism)."""
     try:
         from tqdm import tqdm
     except ImportError:
-        done = [0]
+        tqdm = None
+    bar = tqdm(total=total, desc="transfer-bench", unit="step", file=sys.stderr) if tqdm else None
+    state = {"done": 0, "running": False}
 
-        def step(what: str) -> None:
-            done[0] += 1
-            print(f"transfer-bench [{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
-        return step, lambda: None
-    bar = tqdm(total=total, desc="transfer-bench", unit="step", file=sys.stderr)
+    def tick() -> None:
+        if state["running"]:
+            state["done"] += 1
+            if bar is not None:
+                bar.update(1)
 
     def step(what: str) -> None:
-        bar.set_postfix_str(what)
-        bar.update(1)
-    return step, bar.close
+        tick()
+        state["running"] = True
+        if bar is not None:
+            bar.set_postfix_str(what)
+        else:
+            print(f"transfer-bench [{state['done']}/{total} done] {what}", file=sys.stderr,
+                  flush=True)
+
+    def close() -> None:
+        was_running = state["running"]
+        tick()
+        state["running"] = False
+        if bar is not None:
+            bar.close()
+        elif was_running:
+            print(f"transfer-bench [{state['done']}/{total} done]", file=sys.stderr, flush=True)
+    return step, close
 
 
 def run(args) -> dict:
@@ -431,6 +452,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not args.serve:
         p.error("only --serve is run this way; use `hawk real transfer-bench`")
+    from hardware.lifecycle import watch_parent
+    watch_parent()                      # ends with the benchmark that started it
     serve(args.size_bytes, args.transport, args.device, args.num_layers, args.seed)
     return 0
 

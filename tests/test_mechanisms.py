@@ -2,6 +2,7 @@
 and those equal the layout code's expected bytes; the transfer bench runs across processes."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,7 +80,10 @@ def test_transfer_bench_json_across_processes():
     cmd = [sys.executable, "-c", "import sys; from sim.commands.main import main; sys.exit(main())",
            "real", "transfer-bench", "--sizes", "1,2", "--repeats", "1", "--json",
            "--num-layers", "2"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    from tests.processes import TAG_ENV, killed_after
+    with killed_after() as tag:              # the benchmark's peer too, if the run times out
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, TAG_ENV: tag})
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     rows = report["rows"]

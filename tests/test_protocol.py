@@ -438,6 +438,15 @@ def test_connections_beyond_the_cap_are_refused_with_an_answer(make_cluster):
     held[0].close()
 
 
+def test_idle_strangers_cannot_lock_a_decode_worker_out(make_cluster):
+    c = make_cluster(payloads([8 * KIB]), max_connections=8)
+    strangers = [connect(c) for _ in range(20)]                # no token, then silence
+    assert c.client().pull("r0").nbytes == 8 * KIB            # the oldest made way
+    assert wait_until(lambda: len(c.server._preauth) <= 16)
+    assert c.server._open_conns == 1
+    [s.close() for s in strangers]
+
+
 @pytest.mark.parametrize("message, error, text", [
     ([1, 2, 3], "ProtocolError", "message is a JSON list, expected an object"),
     ("pull", "ProtocolError", "message is a JSON str, expected an object"),

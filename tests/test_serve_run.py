@@ -1,4 +1,5 @@
-"""``hawk real run``'s record building (pure) and its Ctrl-C: what finished is written."""
+"""``hawk real run``'s record building (pure) and its Ctrl-C or SIGTERM: what finished is written,
+marked incomplete, and no process is left."""
 
 import dataclasses
 import json
@@ -60,30 +61,35 @@ def test_tenants_survive_scaling_and_reach_the_records():
     assert list(frame["tenant"]) == ["a", "b"]
 
 
-@pytest.mark.skipif(not hasattr(signal, "SIGINT"), reason="needs SIGINT")
-def test_ctrl_c_stops_cleanly_and_writes_what_finished(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_run_writes_what_finished_marked_incomplete_and_leaves_no_process(signum,
+                                                                                  tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("mooncake.engine")
+    from tests.processes import killed_after, start_hawk, tagged, wait_until
+    from traces.schema import INCOMPLETE, read_records
+
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "sim.commands.main", "real", "run", "--workload",
-                             "chatbot", "--num-requests", "40", "--rate", "0.5", "--out",
-                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
+    with killed_after() as tag:
+        proc = start_hawk(tag, "real", "run", "--workload", "chatbot", "--num-requests", "40",
+                          "--rate", "0.5", "--out", str(out), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
         deadline, seen = time.monotonic() + 600, b""
         while b" 1/40" not in seen and b" 2/40" not in seen and time.monotonic() < deadline:
             chunk = os.read(proc.stderr.fileno(), 4096)
             if not chunk:
                 break
             seen += chunk
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)                # Ctrl-C, or timeout(1) and kill
         stdout, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert wait_until(lambda: not tagged(tag)), f"left running: {tagged(tag)}"
     assert proc.returncode == 130, stdout.decode()[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["num_requests"] == 40
     assert summary["statuses"].get("ok", 0) >= 1 and summary["statuses"].get("unfinished", 0) >= 1
-    assert (out / "records.parquet").is_file()
+    records = out / "records.parquet"
+    assert "stopped" in (records / INCOMPLETE).read_text()
+    with pytest.raises(ValueError, match="records are incomplete"):
+        read_records(records)
+    import pandas as pd
+    assert len(pd.read_parquet(records)) == 40         # what it has, readable as a dataset

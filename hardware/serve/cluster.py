@@ -2,10 +2,13 @@
 
 ``LocalCluster(...).start()`` starts the router, reads its endpoint, starts the prefill and
 decode workers pointed at its control port (all on loopback unless ``host`` says otherwise),
-waits until every worker has joined, and returns. Children run in their own sessions, so a
-Ctrl-C at the terminal reaches only this process, which then stops them. ``stop()`` ends every
-child it started (SIGINT, then SIGKILL after a grace period) and waits for it, so nothing
-outlives a run or a test.
+waits until every worker has joined, sends one warm-up request through every (prefill,
+decode) pair (``/hawk/warmup``: the first request served afterwards pays no first-use costs),
+and returns. Children run in their own sessions, so a Ctrl-C at the terminal reaches only this
+process, which then stops them. ``stop()`` ends every child it started (SIGINT, then SIGKILL
+after a grace period) and waits for it, so nothing outlives a run or a test; a child whose
+parent dies without calling it (SIGKILL) ends itself (``hardware.lifecycle``).
+``reap()`` collects children that exited on their own, so none stays a zombie.
 ``kill_worker`` / ``start_worker`` are for fault drills. All share one fresh run token, passed in
 the environment (never on a command line).
 """
@@ -21,6 +24,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from hardware.lifecycle import child_env
 from hardware.wire import TOKEN_ENV, new_token
 
 #: what the workers import, the extra that installs it and what for
@@ -64,6 +68,7 @@ class ClusterConfig:
     model: str | None = None
     seed: int = 0
     worker_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)     # e.g. --request-timeout-s 60
     start_timeout_s: float = 180.0
 
 
@@ -79,8 +84,8 @@ class LocalCluster:
         self._started = {"prefill": 0, "decode": 0}
 
     def _env(self) -> dict:
-        return {**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1",
-                "OMP_NUM_THREADS": "1"}
+        return child_env({**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1",
+                          "OMP_NUM_THREADS": "1"})
 
     def _stderr(self, name: str):
         if self.log_dir is None:
@@ -91,7 +96,7 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         c = self.config
         check_worker_dependencies()
-        cmd = [sys.executable, "-m", "hardware.serve.router", "--host", c.host]
+        cmd = [sys.executable, "-m", "hardware.serve.router", "--host", c.host, *c.router_args]
         if c.model:
             cmd += ["--model", c.model]
         self.router = subprocess.Popen(cmd, env=self._env(), stdout=subprocess.PIPE,
@@ -109,6 +114,7 @@ class LocalCluster:
             for _ in range(c.num_decode):
                 self.start_worker("decode")
             self.wait_for(c.num_prefill, c.num_decode)
+            self.warm_up()
         except BaseException:
             self.stop()
             raise
@@ -128,6 +134,25 @@ class LocalCluster:
                                              stderr=self._stderr(f"{role}-{key[1]}"),
                                              start_new_session=True)
         return key
+
+    def warm_up(self) -> list[dict]:
+        """One short request through every live (prefill, decode) pair; ``ClusterError``
+        naming the pairs that failed."""
+        req = urllib.request.Request(self.endpoint + "/hawk/warmup", b"", method="POST")
+        with urllib.request.urlopen(req, timeout=self.config.start_timeout_s) as r:
+            pairs = json.loads(r.read())
+        bad = [p for p in pairs if p["status"] != "ok"]
+        if bad:
+            raise ClusterError("warm-up failed on " + "; ".join(
+                f"prefill {p['prefill']} -> decode {p['decode']}: {p['error']}" for p in bad)
+                + (f"; logs in {self.log_dir}" if self.log_dir else ""))
+        return pairs
+
+    def reap(self) -> list[str]:
+        """Collect every child that has exited (no zombies); names those that did."""
+        named = [("router", self.router)] if self.router else []
+        named += [(f"{r}-{i}", p) for (r, i), p in self.workers.items()]
+        return [f"{name} (exit {p.returncode})" for name, p in named if p.poll() is not None]
 
     def health(self) -> dict:
         with urllib.request.urlopen(self.endpoint + "/health", timeout=30) as r:

@@ -17,6 +17,19 @@ which pulls the KV cache and streams the tokens back here. A worker whose contro
 drops is dead: its in-flight requests fail (``failed_instance_lost``, "... worker N lost"),
 KV held for them elsewhere is dropped, and the others keep being served. A worker that starts again joins
 under a new index.
+
+Nothing waits forever: a request not finished ``--request-timeout-s`` after it arrived fails
+as ``failed_timeout`` (a frozen worker), one whose client hangs up fails and is dropped by its
+workers, and ``/hawk/workers`` asks every worker at once and lists one that does not answer
+within ``STATS_TIMEOUT_S`` with its last counters and ``"answered": false``. A failed
+request's HTTP error or stream event carries its status as ``hawk_status``. ``POST
+/hawk/warmup`` sends one short request through every (prefill, decode) pair (unlogged).
+
+The control port admits a peer without the token into a small pool of pre-authentication
+slots (``hardware.preauth``; the longest waiting makes way for a new one), reads at most
+``wire.MAX_HELLO`` bytes of its hello and hangs up unless the token comes within ``preauth_s``.
+SIGTERM and SIGINT stop the router (its workers are told to stop); started with
+``HAWK_PARENT_PID`` (``hardware.lifecycle``) it also stops once that parent is gone.
 """
 
 from __future__ import annotations
@@ -27,11 +40,14 @@ import hashlib
 import hmac
 import itertools
 import json
+import math
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
 
 from hardware.transport.base import TransportError
+from hardware.preauth import PREAUTH_S, PREAUTH_SLOTS, PreAuthSlots
 from hardware.wire import MAX_HELLO, read_frame, token_from_env, write_frame
 from policies import resolve
 from policies.routing import ROUTING
@@ -59,7 +75,9 @@ class Worker:
     load: int = 0                     # outstanding tokens
     free_blocks: int = 0              # free KV blocks, as the worker last reported
     alive: bool = True
-    stats: asyncio.Future | None = None
+    stats: asyncio.Future | None = None   # the answer to the stats request in flight
+    last_stats: dict = field(default_factory=dict)
+    stats_at: float | None = None         # when it last answered one (wall clock)
 
 
 @dataclass
@@ -77,12 +95,24 @@ class Tracked:
     instants: dict = field(default_factory=dict)
     num_generated: int = 0
     kv_bytes: int = 0
+    deadline_at: float = math.inf         # failed_timeout past this instant (wall clock)
+
+
+#: seconds a request may take from arrival to its last token, and a worker to answer stats
+REQUEST_TIMEOUT_S = 600.0
+STATS_TIMEOUT_S = 10.0
 
 
 class Router:
     def __init__(self, token: str, vocab_size: int, max_context: int,
-                 routing: str = "least_loaded"):
+                 routing: str = "least_loaded", request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 preauth_slots: int = PREAUTH_SLOTS, preauth_s: float = PREAUTH_S):
+        if not request_timeout_s > 0 or not preauth_s > 0:
+            raise ValueError(f"request timeout {request_timeout_s!r} s and pre-auth deadline "
+                             f"{preauth_s!r} s: need seconds > 0")
         self.key = token.encode()
+        self.request_timeout_s, self.preauth_s = request_timeout_s, preauth_s
+        self.preauth = PreAuthSlots(preauth_slots)
         self.vocab_size, self.max_context = vocab_size, max_context
         self.route = resolve("routing", routing)
         self.workers: dict[str, dict[int, Worker]] = {"prefill": {}, "decode": {}}
@@ -93,15 +123,22 @@ class Router:
 
     # -- workers ----------------------------------------------------------------------------
     async def on_worker(self, reader, writer) -> None:
+        key = object()
+        evicted = self.preauth.admit(key, writer.close)
+        if evicted is not None:
+            evicted()                  # the longest-waiting stranger makes way
         try:
-            hello = await asyncio.wait_for(read_frame(reader, "worker", MAX_HELLO), 10)
-        except Exception:  # noqa: BLE001  (garbage or silence: hang up)
+            hello = await asyncio.wait_for(read_frame(reader, "worker", MAX_HELLO),
+                                           self.preauth_s)
+        except Exception:  # noqa: BLE001  (garbage, silence or evicted: hang up)
+            self.preauth.gone(key)
             writer.close()
             return
         token = hello.get("token")
         role = hello.get("role")
         if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.key) \
-                or role not in self.workers:
+                or role not in self.workers or not self.preauth.authenticated(key):
+            self.preauth.gone(key)
             write_frame(writer, {"ok": False, "message": "wrong token or role"})
             writer.close()
             return
@@ -146,6 +183,8 @@ class Router:
         ev = msg.get("ev")
         w.free_blocks = int(msg.get("free_blocks", w.free_blocks))
         if ev == "stats":
+            w.last_stats = {k: v for k, v in msg.items() if k not in ("ev", "token")}
+            w.stats_at = time.time()
             if w.stats is not None and not w.stats.done():
                 w.stats.set_result(msg)
             return
@@ -204,23 +243,63 @@ class Router:
         r.events.put_nowait(("error", f"{status}: {error}"))
 
     # -- requests ---------------------------------------------------------------------------
-    def submit(self, prompt: list[int], max_tokens: int) -> Tracked:
+    def submit(self, prompt: list[int], max_tokens: int,
+               pair: tuple[Worker, Worker] | None = None) -> Tracked:
+        """Send a request to a prefill and a decode worker (the routing policy's, or ``pair``)."""
         prefill, decode = self.alive("prefill"), self.alive("decode")
         if not prefill or not decode:
             raise LookupError(f"no live workers: {len(prefill)} prefill, {len(decode)} decode")
-        n = next(self._routed)
-        p = prefill[self.route([w.load for w in prefill], [w.free_blocks for w in prefill], n)]
-        d = decode[self.route([w.load for w in decode], [w.free_blocks for w in decode], n)]
-        r = Tracked(f"r{next(self._ids)}", prompt, max_tokens, time.time(),
-                    prefill=p.index, decode=d.index)
+        if pair is None:
+            n = next(self._routed)
+            p = prefill[self.route([w.load for w in prefill], [w.free_blocks for w in prefill], n)]
+            d = decode[self.route([w.load for w in decode], [w.free_blocks for w in decode], n)]
+        else:
+            p, d = pair
+        now = time.time()
+        r = Tracked(f"r{next(self._ids)}", prompt, max_tokens, now, prefill=p.index,
+                    decode=d.index, deadline_at=now + self.request_timeout_s)
         self.requests[r.rid] = r
         p.load += len(prompt)
         d.load += max_tokens
         write_frame(p.writer, {"op": "prefill", "rid": r.rid, "prompt": prompt})
         return r
 
+    def expire(self, now: float) -> list[Tracked]:
+        """Fail every unfinished request past its deadline (``failed_timeout``), freeing what
+        its workers hold for it; returns them."""
+        late = [r for r in self.requests.values()
+                if r.status == Status.UNFINISHED.value and now > r.deadline_at]
+        for r in late:
+            role, i = ("prefill", r.prefill) if r.stage == "prefill" else ("decode", r.decode)
+            self._fail(r, Status.FAILED_TIMEOUT.value,
+                       f"not finished within {self.request_timeout_s:g} s (in {r.stage}, "
+                       f"{role} worker {i})")
+        return late
+
+    def cancel(self, r: Tracked, why: str) -> None:
+        """The client went away: fail ``r`` (if still unfinished) and free what it holds."""
+        if r.status == Status.UNFINISHED.value:
+            self._fail(r, Status.FAILED_ERROR.value, why)
+
+    async def warm_up(self, max_tokens: int = 2) -> list[dict]:
+        """One short request through every live (prefill, decode) pair, so that no request
+        served after this pays a worker's first-use costs (allocations, connections, kernels);
+        the requests are not kept in the log. Returns each pair's outcome."""
+        pairs = [(p, d) for p in self.alive("prefill") for d in self.alive("decode")]
+        tracked = [self.submit([1 + i % (self.vocab_size - 1)] * 8, max_tokens, pair)
+                   for i, pair in enumerate(pairs)]
+        out = []
+        for (p, d), r in zip(pairs, tracked):
+            while (await r.events.get())[0] == "token":
+                pass
+            self.requests.pop(r.rid, None)
+            out.append({"prefill": p.index, "decode": d.index, "status": r.status,
+                        "error": r.error})
+        return out
+
     def parse(self, body: dict, chat: bool) -> tuple[list[int], int]:
         """Prompt ids and max_tokens of a request body; ``ValueError`` names the bad field."""
+        name = "messages[-1].content" if chat else "prompt"
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
@@ -228,12 +307,16 @@ class Router:
             prompt = messages[-1].get("content")
         else:
             prompt = body.get("prompt")
+        if "stream" in body and not isinstance(body["stream"], bool):
+            raise ValueError(f"stream {body['stream']!r}: true or false")
         if isinstance(prompt, str):
+            if not prompt.split():
+                raise ValueError(f"{name} {prompt!r}: an empty text has no tokens to prefill")
             prompt = text_to_ids(prompt, self.vocab_size)
         if not isinstance(prompt, list) or not prompt or not all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size
                 for t in prompt):
-            raise ValueError(f"prompt: text, or a non-empty list of token ids in "
+            raise ValueError(f"{name}: text, or a non-empty list of token ids in "
                              f"0..{self.vocab_size - 1}")
         n = body.get("max_tokens", 16)
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -250,21 +333,21 @@ class Router:
                 "decode_instance": r.decode, "num_generated_tokens": r.num_generated,
                 "kv_bytes": r.kv_bytes, **r.instants}
 
-    async def worker_stats(self) -> list[dict]:
-        out = []
-        for role in ("prefill", "decode"):
-            for w in self.alive(role):
+    async def worker_stats(self, timeout_s: float = STATS_TIMEOUT_S) -> list[dict]:
+        """Each live worker's counters, asked of all at once: one that does not answer within
+        ``timeout_s`` (frozen, or busy) is listed with the counters it last sent and
+        ``"answered": false``, so a read-out never waits on one worker for longer."""
+        live = [w for role in ("prefill", "decode") for w in self.alive(role)]
+        for w in live:
+            if w.stats is None or w.stats.done():          # one question in flight per worker
                 w.stats = asyncio.get_running_loop().create_future()
                 write_frame(w.writer, {"op": "stats"})
-                try:
-                    stats = await asyncio.wait_for(w.stats, 30)
-                except asyncio.TimeoutError:
-                    stats = None
-                out.append({"role": role, "index": w.index, "device": w.info.get("device"),
-                            "pid": w.info.get("pid"),
-                            **({k: v for k, v in (stats or {}).items()
-                                if k not in ("ev", "token")})})
-        return out
+        if live:
+            await asyncio.wait([w.stats for w in live], timeout=timeout_s)
+        return [{"role": w.role, "index": w.index, "device": w.info.get("device"),
+                 "pid": w.info.get("pid"), **w.last_stats,
+                 "answered": w.stats.done() and w.stats.result() is not None,
+                 "stats_at": w.stats_at} for w in live]
 
 
 async def serve(args, token: str) -> None:
@@ -273,11 +356,17 @@ async def serve(args, token: str) -> None:
     from hardware.model.config import LlamaConfig, tiny_config
 
     config = LlamaConfig.from_json(args.model) if args.model else tiny_config()
-    router = Router(token, config.vocab_size, config.max_position_embeddings, args.routing)
+    router = Router(token, config.vocab_size, config.max_position_embeddings, args.routing,
+                    request_timeout_s=args.request_timeout_s)
     control = await asyncio.start_server(router.on_worker, args.host, args.control_port)
-    from hardware.serve.openai_api import make_app
+    from hardware.serve.openai_api import make_runner
 
-    runner = web.AppRunner(make_app(router), access_log=None)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    reaper = asyncio.create_task(_expire_forever(router))
+    runner = make_runner(router)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
@@ -286,13 +375,32 @@ async def serve(args, token: str) -> None:
     print(json.dumps({"http": f"http://{args.host}:{port}", "control": [args.host, cport]}),
           flush=True)
     try:
-        await asyncio.Event().wait()
+        await stopping.wait()
     finally:
-        for role in router.workers:
-            for w in router.alive(role):
-                write_frame(w.writer, {"op": "stop"})
+        reaper.cancel()
+        live = [w for role in router.workers for w in router.alive(role)]
+        for w in live:
+            write_frame(w.writer, {"op": "stop"})
+        await asyncio.gather(*(asyncio.wait_for(w.writer.drain(), 2) for w in live),
+                             return_exceptions=True)
         control.close()
         await runner.cleanup()
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        s = math.nan
+    if not 0 < s < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds > 0")
+    return s
+
+
+async def _expire_forever(router: Router, every_s: float = 1.0) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        router.expire(time.time())
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -302,6 +410,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", default="least_work",
                    help=f"routing policy: {', '.join(sorted(ROUTING))} or module:function")
     p.add_argument("--model", help="a Hugging Face-format directory (default: the tiny Llama)")
+    p.add_argument("--request-timeout-s", type=_seconds, default=REQUEST_TIMEOUT_S,
+                   help="a request not finished this long after it arrived fails as "
+                        "failed_timeout (default %(default)g)")
 
 
 def main(argv=None) -> int:
@@ -313,6 +424,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"router: {e}", file=sys.stderr)
         return 2
+    from hardware.lifecycle import watch_parent
+    watch_parent()                     # SIGTERM to this process once its parent is gone
     try:
         asyncio.run(serve(args, token))
     except KeyboardInterrupt:

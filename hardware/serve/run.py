@@ -12,7 +12,8 @@
    did not (a timeout) keeps the client's status.
 4. ``records.parquet`` and ``summary.json`` (``traces.metrics.summarize`` plus power, the
    scaling and the cluster) go to ``out``. Ctrl-C stops the replay, and what finished is
-   written, the rest ``unfinished``.
+   written, the rest ``unfinished``; so does SIGTERM (``timeout``, ``kill``), and the records
+   of a run cut short are a dataset directory marked ``_INCOMPLETE`` (``write_run_records``).
 
 Power: NVML's energy counter when a GPU is present, else RAPL's when readable, else an
 estimate (``power_source`` says which): each worker's measured busy time at the catalog's
@@ -151,6 +152,23 @@ def build_records(trace: Trace, prompts: list[list[int]], log: list[dict], t0: f
                           "num_output_tokens": trace.num_output_tokens, **cols})
 
 
+def write_run_records(frame, path: Path, interrupted: bool) -> None:
+    """The records at ``path``; a run cut short writes them as a dataset directory marked
+    ``_INCOMPLETE`` (the streamed simulator's convention: ``traces.schema.read_records``
+    refuses it, naming why, and ``pandas.read_parquet`` still reads what is there)."""
+    from traces.schema import INCOMPLETE, clear_records, write_records
+
+    if not interrupted:
+        write_records(frame, path)
+        return
+    clear_records(path)
+    path.mkdir(parents=True)
+    write_records(frame, path / "part-00000.parquet")
+    num_open = int((frame["status"] == Status.UNFINISHED.value).sum())
+    (path / INCOMPLETE).write_text(f"the real run was stopped (SIGINT or SIGTERM) with "
+                                   f"{num_open} of {len(frame)} requests unfinished\n")
+
+
 def _progress(cluster: LocalCluster, total: int, stop: threading.Event) -> None:
     from tqdm import tqdm
     with tqdm(total=total, desc="requests", unit="req", file=sys.stderr) as bar:
@@ -233,9 +251,8 @@ def real_run(trace: Trace, config: RealRunConfig, out: Path | None = None) -> di
     watts = summary["energy_j"] / span if span > 0 else 0.0
     summary["tokens_per_joule"] = summary["output_tokens_per_s"] / watts if watts > 0 else 0.0
     if out is not None:
-        from traces.schema import write_records
         out.mkdir(parents=True, exist_ok=True)
-        write_records(frame, out / "records.parquet")
+        write_run_records(frame, out / "records.parquet", interrupted)
         (out / "summary.json").write_text(dumps(summary, indent=2, sort_keys=True,
                                                 default=str) + "\n")
     return summary

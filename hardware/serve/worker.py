@@ -342,6 +342,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"worker: {e}", file=sys.stderr)
         return 2
+    from hardware.lifecycle import terminate_as_interrupt, watch_parent
+    terminate_as_interrupt()           # SIGTERM stops the worker as Ctrl-C does
+    watch_parent()                     # and so does its parent's end
     try:
         (run_prefill if args.role == "prefill" else run_decode)(args, token)
     except KeyboardInterrupt:

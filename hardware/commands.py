@@ -33,6 +33,18 @@ def _whole(flag: str, why: str = ""):
     return parse
 
 
+def _seed(text: str) -> int:
+    """An argparse type for ``--seed``: a whole number >= 0 (numpy's generators refuse a
+    negative seed, which would otherwise fail inside a child process)."""
+    try:
+        n = int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--seed {text!r}: a whole number >= 0") from e
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--seed {n}: need >= 0")
+    return n
+
+
 def _seconds(text: str) -> float:
     try:
         s = float(text)
@@ -228,7 +240,7 @@ def _serving_args(p) -> None:
                    help="decode side's NPU tile format (GN mechanisms)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--model", help="Hugging Face-format directory (default: seeded tiny Llama)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--decode-tokens", type=_whole("--decode-tokens"), default=16384,
                    help="KV capacity of each decode worker, tokens")
     p.add_argument("--send-buffer-mb", type=float, default=16.0,
@@ -262,7 +274,7 @@ def register(subparsers) -> None:
     p.add_argument("--start-timeout", dest="start_timeout_s", type=_seconds,
                    default=START_TIMEOUT_S,
                    help="seconds a prefill process may take to start serving (default %(default)g)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_transfer_bench)
 
@@ -278,7 +290,7 @@ def register(subparsers) -> None:
                    help="measured runs per point after a warm-up (default 15, --quick 3)")
     p.add_argument("--model", help="Hugging Face-format directory (default: the seeded tiny "
                                    "Llama the workers build)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the tiny model's weights")
     p.add_argument("--cpu-prefill", dest="cuda_prefill", action="store_false", default=None,
                    help="measure prefill on the CPU even where CUDA is present")
     p.add_argument("--force", action="store_true",

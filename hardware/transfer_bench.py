@@ -361,6 +361,8 @@ def _progress(total: int):
 def run(args) -> dict:
     from hardware.transport import make_transport
 
+    if args.seed < 0:           # before any child starts: numpy refuses it there
+        raise BenchFailed(f"--seed {args.seed}: need >= 0")
     check_memory(args.sizes)
     for size in args.sizes:
         check_request(size, args.num_layers)

@@ -22,7 +22,7 @@ def test_the_wall_time_estimate_grows_with_the_requests_and_names_the_flag():
     with pytest.raises(ConfigError) as err:
         check_run_time(1e8, max_wall_s=1800, what="hawk simulate")
     text = str(err.value)
-    assert "100,000,000 simulated requests would take about 41.7 min" in text
+    assert "100,000,000 simulated requests would take about 91.7 min" in text
     assert "past the 30.0 min limit" in text and "--max-wall-s" in text
     assert check_run_time(1e8, max_wall_s=None) > 1800           # no limit: the estimate only
 

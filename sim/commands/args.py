@@ -1,9 +1,12 @@
 """What the ``hawk`` commands share on their command lines: the common flags (``--config``,
-``--workload``, ``--policy KIND=NAME`` ...) and the run configuration they make."""
+``--workload``, ``--policy KIND=NAME`` ...), the run configuration they make, and the size of
+the work they start: ``--workers`` (at least 1), ``--max-wall-s`` and ``announce``, which
+prints a long run's estimate on stderr and refuses one past the limit."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from sim.config import RunConfig, load_config
@@ -85,3 +88,72 @@ def add_profile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=Path, metavar="DIR",
                    help="a measured profile directory (hawk real profile --out DIR): time the "
                         "run by its tables, on a cluster that mirrors the real mode's")
+
+
+def whole_number(flag: str, least: int = 1):
+    """An argparse type for ``flag``: a whole number >= ``least``, refused by the flag's name."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: a whole number >= {least}") \
+                from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{flag} {n}: must be >= {least}")
+        return n
+    return parse
+
+
+def fraction(flag: str):
+    """An argparse type for ``flag``: a number in (0, 1] (an attainment target)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: a number in (0, 1]") from None
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(f"{flag} {value:g}: must be in (0, 1] (0.9 = "
+                                             f"90% of requests within the SLOs)")
+        return value
+    return parse
+
+
+def add_workers(p: argparse.ArgumentParser, what: str = "processes") -> None:
+    p.add_argument("--workers", type=whole_number("--workers"),
+                   help=f"{what} (default: one per core)")
+
+
+def add_max_wall(p: argparse.ArgumentParser) -> None:
+    from sim.config.run_size import DEFAULT_MAX_WALL_S
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--max-wall-s {text!r}: seconds > 0 (inf: no "
+                                             f"limit)") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"--max-wall-s {value:g}: must be > 0")
+        return value
+
+    p.add_argument("--max-wall-s", type=seconds, default=DEFAULT_MAX_WALL_S, metavar="SECONDS",
+                   help="refuse work estimated to take longer on this machine (default "
+                        f"{DEFAULT_MAX_WALL_S:g}, inf: no limit)")
+
+
+def announce(command: str, num_requests: float, max_wall_s: float | None,
+             copies_in_turn: float = 1.0, in_parallel: int = 1,
+             peak_bytes: float | None = None, quiet: bool = False,
+             what: str = "the run") -> float:
+    """The work's estimated wall seconds (``sim.config.run_size``): ``copies_in_turn`` runs
+    of ``num_requests``, ``in_parallel`` at a time. Refused past ``max_wall_s``
+    (``ConfigError`` naming the estimate and ``--max-wall-s``); printed as one line on stderr
+    past ``ANNOUNCE_AFTER_S`` unless ``quiet``."""
+    from sim.config.run_size import ANNOUNCE_AFTER_S, check_run_time, describe_estimate
+
+    wall = check_run_time(num_requests, max_wall_s, what, copies_in_turn,
+                          in_parallel=in_parallel)
+    if wall > ANNOUNCE_AFTER_S and not quiet:
+        print(describe_estimate(command, num_requests * copies_in_turn, wall, peak_bytes),
+              file=sys.stderr, flush=True)
+    return wall

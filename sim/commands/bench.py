@@ -19,6 +19,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from sim.bench import speed as bench
+    from sim.commands.args import announce
     from sim.config import ConfigError
     from traces.jsonout import dumps
 
@@ -26,6 +27,11 @@ def run(args) -> int:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     if args.memory_requests < 0:
         raise ConfigError(f"--memory-requests must be >= 0, got {args.memory_requests}")
+    announce("hawk bench", args.num_requests, None, copies_in_turn=3 * args.repeats,
+             quiet=args.json)
+    if args.memory_requests and not args.json:
+        announce("hawk bench: then the memory probes", args.memory_requests, None,
+                 copies_in_turn=2)
     report = bench.run(num_requests=args.num_requests, rate=args.rate, seed=args.seed,
                        repeats=args.repeats, memory_requests=args.memory_requests)
     print(dumps(report) if args.json else bench.format_report(report))

@@ -14,6 +14,7 @@ text). Each fit's flags are refused with the other's, never ignored.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 #: the targets fit's flags and their defaults (None in the parser: given or not is visible)
@@ -76,13 +77,31 @@ def run_targets_fit(targets: str, max_evaluations: int, loo_evaluations: int | N
                         ("--loo-evaluations", loo_evaluations), ("--workers", workers)):
         if value < 1:
             raise ConfigError(f"{flag} {value}: must be at least 1")
+    _announce(max_evaluations, loo_evaluations, workers)
+    say = lambda text: print(f"hawk calibrate: {text}", file=sys.stderr, flush=True)
     record = fit.calibrate(targets, max_nfev=max_evaluations, workers=workers,
-                           write=not dry_run, loo_nfev=loo_evaluations, cache_dir=cache_dir)
+                           write=not dry_run, loo_nfev=loo_evaluations, cache_dir=cache_dir,
+                           say=say)
     print(report_lines(record))
     wall = record["wall_s"]
     print(f"\nwall time: fit {wall['fit']:.0f} s, leave-one-out refits {wall['loo']:.0f} s, "
           f"noise over seeds {wall['noise']:.0f} s")
     return 0
+
+
+def _announce(max_evaluations: int, loo_evaluations: int, workers: int) -> None:
+    """The fit's estimate, at most (a reused sweep costs nothing): each model evaluation
+    sweeps four configurations of each workload at ``FIT_REQUESTS`` a point; the fit and each
+    leave-one-out refit evaluate a Jacobian (one per parameter) per step; then the noise."""
+    from sim.commands.args import announce
+    from sim.paper import calibrate as fit
+    from sim.paper.checks import paper_targets
+
+    per_model = sum(4 * (len(fit.FIT_RATES[w]) + 1) * n for w, n in fit.FIT_REQUESTS.items())
+    steps = (1 + len(fit.PARAMETERS)) * (max_evaluations
+                                         + len(paper_targets()) * loo_evaluations)
+    announce("hawk calibrate", per_model, None, copies_in_turn=steps + len(fit.NOISE_SEEDS),
+             in_parallel=workers, what="the fit, at most")
 
 
 def run_profile_fit(profile: Path, device: str | None, out: Path | None) -> int:

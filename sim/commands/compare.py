@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.commands.args import add_max_wall, add_workers, announce, whole_number
+
 
 def add_parser(sub) -> None:
     from traces.workloads import WORKLOADS
@@ -21,7 +23,7 @@ def add_parser(sub) -> None:
     p.add_argument("--rate", type=float, help="workload rate, req/s (default 0.5)")
     p.add_argument("--num-requests", type=int, help="requests per run")
     p.add_argument("--duration", type=float, help="seconds of arrivals per run")
-    p.add_argument("--repeats", type=int, default=5,
+    p.add_argument("--repeats", type=whole_number("--repeats"), default=5,
                    help="paired repeats on fresh arrivals (--workload; default 5)")
     p.add_argument("--seed", type=int, help="first repeat's seed (default 0)")
     p.add_argument("--vary", action="append", metavar="KEY",
@@ -32,11 +34,12 @@ def add_parser(sub) -> None:
                    "worst allowed change, tenants, confidence")
     p.add_argument("--ttft-slo", type=float, help="TTFT SLO for recorded runs")
     p.add_argument("--tpot-slo", type=float, help="TPOT SLO for recorded runs")
-    p.add_argument("--workers", type=int, help="processes (default: one per core)")
+    add_workers(p)
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run on Ray: a local cluster, or the one at ADDRESS")
     p.add_argument("--out", type=Path, help="write both arms' records and the comparison here")
     p.add_argument("--json", action="store_true")
+    add_max_wall(p)
     p.set_defaults(func=run)
 
 
@@ -102,9 +105,34 @@ def _compare_simulated(args, cmp):
         head = (f"workload {args.workload} @ {inputs.rate:g} req/s, {args.repeats} repeats "
                 f"(seeds {seed}..{seed + args.repeats - 1}), both arms on the same arrivals")
     repeats = 1 if args.trace is not None else args.repeats
+    _announce(args, baseline, inputs, repeats)
     runs = cmp.run_pairs(baseline, candidate, inputs, repeats, seed, args.workers,
                          progress=not args.json, ray_address=args.ray)
     return runs, (baseline.slo.ttft_s, baseline.slo.tpot_s), head
+
+
+def _announce(args, baseline, inputs, repeats: int) -> None:
+    """Both arms' estimate: 2 x repeats runs, one per worker at a time."""
+    import dataclasses
+    import os
+
+    from sim.config.run_size import expected_num_requests, run_bytes
+
+    if inputs.trace is not None:
+        per_run = float(len(inputs.trace))
+    elif inputs.workload == "bursty":
+        per_run = inputs.rate * (inputs.duration_s or 1200.0)
+        per_run = min(per_run, inputs.num_requests) if inputs.num_requests else per_run
+    else:
+        workload = dataclasses.replace(baseline.workload, rate=inputs.rate, trace=None)
+        if inputs.num_requests is not None or inputs.duration_s is not None:
+            workload = dataclasses.replace(workload, num_requests=inputs.num_requests,
+                                           duration_s=inputs.duration_s)
+        per_run = expected_num_requests(workload)
+    workers = min(2 * repeats, args.workers or os.cpu_count() or 1)
+    announce("hawk compare", per_run, args.max_wall_s, copies_in_turn=2 * repeats,
+             in_parallel=workers, peak_bytes=workers * run_bytes(per_run), quiet=args.json,
+             what=f"the comparison's {2 * repeats} runs")
 
 
 def format_diff(diff) -> str:

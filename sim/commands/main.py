@@ -4,6 +4,8 @@
     hawk sweep --rates A:B:S SLO attainment over rates, in parallel, and the knee
     hawk bench               simulator speed against bare SimPy, measured in the same run
 
+``hawk --help`` lists all twelve commands (``COMMANDS``), ``hawk COMMAND --help`` a command's
+flags. Flags are never abbreviated (``--num-req`` is refused, not read as ``--num-requests``).
 Each command group lives in its own module (``COMMANDS``), imported only when its command
 runs: ``hawk --help`` and a command's start-up pay for no other group's imports.
 """
@@ -39,12 +41,29 @@ COMMANDS = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser that never takes an abbreviated flag, and every parser added under
+    it (``add_subparsers`` builds its children with the parent's class, so the lower
+    packages' command modules get it too). The top parser's errors name every command."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+
+    def error(self, message: str):
+        if self.prog == "hawk":
+            self.print_usage(sys.stderr)
+            self.exit(2, f"hawk: error: {message}\nthe commands: "
+                         f"{', '.join(name for name, _, _ in COMMANDS)}; hawk --help "
+                         f"lists them, hawk COMMAND --help a command's flags\n")
+        super().error(message)
+
+
 def build_parser(load=None) -> argparse.ArgumentParser:
     """The ``hawk`` parser. ``load``: the commands whose modules are imported and whose own
     parsers are built (None: all); every other command is listed by name and help only."""
-    parser = argparse.ArgumentParser(prog="hawk", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = Parser(prog="hawk", description=__doc__, usage="hawk COMMAND [flags]",
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", prog="hawk")
     loaded = {module for name, module, _ in COMMANDS if load is None or name in load}
     for name, module, line in COMMANDS:
         if name in sub.choices:             # added with another command of its module

@@ -9,8 +9,11 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 from pathlib import Path
 
+from sim.commands.args import add_max_wall, add_workers, announce
 from traces.jsonout import dumps, writable_dir
 
 
@@ -19,8 +22,24 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", type=Path, help="write report.md and plots into this folder")
     p.add_argument("--quick", action="store_true", help="reduced settings (for CI)")
-    p.add_argument("--workers", type=int, help="parallel processes for the sweeps")
+    add_workers(p, "parallel processes for the sweeps")
+    add_max_wall(p)
     p.set_defaults(func=run)
+
+
+def _announce(args) -> None:
+    """The reproduction's estimate: every configuration's sweep of every workload, and its
+    runs at the knee, one sweep point per worker at a time."""
+    from sim.paper.experiments import CONFIGS, WORKLOADS, sweep_settings
+
+    runs, per_run = 0, 0
+    for workload in WORKLOADS:
+        opts = sweep_settings(workload, args.quick)
+        runs += len(CONFIGS) * (len(opts["rates"]) + 1) * len(opts["seeds"])
+        per_run = max(per_run, opts["num_requests"])
+    announce("hawk paper", per_run, args.max_wall_s, copies_in_turn=runs,
+             in_parallel=args.workers or os.cpu_count() or 1, quiet=args.json,
+             what=f"the paper's {runs} runs")
 
 
 def _clean(value):
@@ -40,7 +59,10 @@ def run(args) -> int:
 
     if args.out is not None:
         writable_dir(args.out)
-    result = run_paper(quick=args.quick, workers=args.workers)
+    _announce(args)
+    say = (lambda text: None) if args.json else (
+        lambda text: print(f"hawk paper: {text}", file=sys.stderr, flush=True))
+    result = run_paper(quick=args.quick, workers=args.workers, say=say)
     if args.out is not None:
         report.write_report(result, args.out)
     if args.json:

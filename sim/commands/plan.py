@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.commands.args import add_common, config_from_args
+from sim.commands.args import (add_common, add_max_wall, add_workers, announce,
+                               config_from_args, fraction, whole_number)
 
 
 def add_parser(sub) -> None:
@@ -14,7 +15,8 @@ def add_parser(sub) -> None:
     add_common(p)
     p.add_argument("--rate", type=float, required=True, help="the load to plan for, req/s")
     p.add_argument("--slo", metavar="TTFT_S,TPOT_S", help="SLOs (default: the workload's)")
-    p.add_argument("--target", type=float, default=0.9, help="attainment target (default 0.9)")
+    p.add_argument("--target", type=fraction("--target"), default=0.9,
+                   help="attainment target, in (0, 1] (default 0.9)")
     p.add_argument("--catalog", type=Path, help="TOML of host/NIC prices, amortisation and "
                    "energy price laid over the profile's [cost] table (sim.models.cost)")
     p.add_argument("--prefill-devices", help="comma-separated (default: every GPU timed)")
@@ -22,15 +24,16 @@ def add_parser(sub) -> None:
     p.add_argument("--tp", default="1,2,4,8", help="TP degrees to try (default 1,2,4,8)")
     p.add_argument("--batch-sizes", help="decode max batch sizes (default: the device's)")
     p.add_argument("--mechanisms", help="transfer mechanisms (default: all that apply)")
-    p.add_argument("--max-instances", type=int, default=8, help="per phase (default 8)")
-    p.add_argument("--max-candidates", type=int, default=24,
+    p.add_argument("--max-instances", type=whole_number("--max-instances"), default=8, help="per phase (default 8)")
+    p.add_argument("--max-candidates", type=whole_number("--max-candidates"), default=24,
                    help="configurations simulated at the rate, at most (default 24)")
-    p.add_argument("--max-knees", type=int, default=6,
+    p.add_argument("--max-knees", type=whole_number("--max-knees"), default=6,
                    help="of which knees are bisected, meeting the target first (default 6)")
-    p.add_argument("--workers", type=int, help="processes (default: one per core)")
+    add_workers(p)
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run on Ray: a local cluster, or the one at ADDRESS")
     p.add_argument("--plot", type=Path, help="write a PNG of the frontier")
+    add_max_wall(p)
     p.set_defaults(func=run)
 
 
@@ -59,12 +62,30 @@ def run(args) -> int:
                      mechanisms=_names(args.mechanisms, MECHANISMS, "--mechanisms"),
                      max_instances=args.max_instances, max_candidates=args.max_candidates,
                      max_knees=args.max_knees)
+    _announce(args, config)
     result = pl.plan(config, args.rate, args.target, space, pl.load_costs(args.catalog),
                      args.workers, progress=not args.json, ray_address=args.ray)
     if args.plot is not None:
         pl.plot_plan(result, args.plot)
     print(dumps(result) if args.json else pl.format_plan(result))
     return 0
+
+
+def _announce(args, config) -> None:
+    """The plan's estimate, at most: every candidate at the rate, the other mechanisms on the
+    cheapest, and each knee's bisections, one run per worker at a time."""
+    import os
+
+    from sim.config.run_size import expected_num_requests, run_bytes
+    from sim.models.transfer import MECHANISMS
+    from sim.runs.capacity import BISECTION_STEPS
+
+    per_run = expected_num_requests(config.replace(**{"workload.rate": args.rate}).workload)
+    runs = args.max_candidates + len(MECHANISMS) + args.max_knees * BISECTION_STEPS
+    workers = args.workers or os.cpu_count() or 1
+    announce("hawk plan", per_run, args.max_wall_s, copies_in_turn=runs, in_parallel=workers,
+             peak_bytes=workers * run_bytes(per_run), quiet=args.json,
+             what=f"the plan's {runs} runs at most")
 
 
 def _names(text, allowed=None, flag=""):

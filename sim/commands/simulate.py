@@ -11,7 +11,8 @@ from pathlib import Path
 from traces import metrics
 from sim.config import ConfigError, RunConfig
 from traces.jsonout import dumps, writable_dir
-from sim.commands.args import add_common, add_profile, config_from_args
+from sim.commands.args import (add_common, add_max_wall, add_profile, add_workers, announce,
+                               config_from_args)
 from sim.engine.pools import describe_pools
 
 
@@ -48,6 +49,7 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
              ("simulated time (s)", _fmt(summary.get("simulated_time_s", math.nan))),
              ("wall time (s)", _fmt(summary.get("sim_wall_time_s", math.nan)))]
     rows += _capacity_rows(summary)
+    rows += _offered_rows(summary)
     rows += _profile_rows(summary.get("profile"))
     for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
         rows.append(("failures" if k == 0 else "", reason))
@@ -60,21 +62,66 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
     return text
 
 
+#: TTFT stages that are zero by construction in the simulator, and why (shown as such, not
+#: as a measured ``0 / 0``): the prefill side emits the first token, which reaches the client
+#: as the request's KV cache lands on the decode side (``sim.engine.decode``)
+ZERO_BY_CONSTRUCTION = {"first_decode": "none: the first token arrives with the KV cache "
+                                        "(the prefill side computes it)"}
+
+
 def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
-    """What limits capacity: utilisations, and what each stage adds to TTFT (mean / P90)."""
+    """What limits capacity, and what each stage adds to TTFT (mean / P90).
+
+    Busy share: the time a stage is working. A decode instance iterates whenever one request
+    is in its batch, so its busy share nears 100% at any load; its load is the decode load:
+    the time-averaged requests past their first token (decoding, or waiting on the decode
+    side for a batch slot) per batch slot, which passes 100% when a queue waits there. The
+    most loaded stage is the highest of prefill busy, link busy and decode load."""
     rows = []
     if "bottleneck" in summary:
         shares = " / ".join(f"{name} {percent(summary[f'{name}_utilization'])}"
                             for name in ("prefill", "link", "decode"))
+        rows.append(("utilisation", f"{shares} busy (share of the time working)"))
         if "decode_occupancy" in summary:
-            shares += f" busy, {percent(summary['decode_occupancy'])} of batch slots"
-        rows.append(("utilisation", f"{shares} (most loaded: {summary['bottleneck']})"))
+            load = summary["decode_occupancy"]
+            rows.append(("decode load", f"{percent(load)} of batch slots (requests past their "
+                         f"first token per slot" + ("; over 100%: a queue waits for slots)"
+                                                    if load > 1 else ")")))
+        rows.append(("most loaded", f"{summary['bottleneck']} (the highest of prefill busy, "
+                     f"link busy and decode load)"))
     for stage, _, _ in metrics.TTFT_STAGES:
         mean, p90 = summary.get(f"ttft_{stage}_mean_s"), summary.get(f"ttft_{stage}_p90_s")
-        if mean is not None:
-            rows.append((f"TTFT {stage.replace('_', ' ')} mean/P90 (s)",
-                         f"{_fmt(mean)} / {_fmt(p90)}"))
+        name = f"TTFT {stage.replace('_', ' ')}"
+        if stage in ZERO_BY_CONSTRUCTION and mean == 0 and p90 == 0:
+            rows.append((name, ZERO_BY_CONSTRUCTION[stage]))
+        elif mean is not None and not (math.isnan(mean) and math.isnan(p90)):
+            rows.append((f"{name} mean/P90 (s)", f"{_fmt(mean)} / {_fmt(p90)}"))
     return rows
+
+
+def _offered_rows(summary: dict) -> list[tuple[str, str]]:
+    """A trace run's offered load (requests over the span of their arrivals) and, when a
+    stage is saturated and attainment is low, the hint that the rate is past the cluster's
+    capacity."""
+    rows = []
+    offered = summary.get("trace", {}).get("offered")
+    if offered is not None:
+        rows.append(("offered load", f"{offered['num_requests']:,} requests over "
+                     f"{offered['span_s']:,.4g} s = {offered['rate']:.4g} req/s"))
+    saturated = [name for name in ("prefill", "link")
+                 if summary.get(f"{name}_utilization", 0) >= SATURATED]
+    if summary.get("decode_occupancy", 0) >= 1:
+        saturated.append("decode")
+    if saturated and summary.get("slo_attainment", 1) < 0.5:
+        rows.append(("hint", f"{', '.join(saturated)} saturated: the offered rate is past "
+                     f"this cluster's capacity, so queues grow and SLOs are missed; offer "
+                     f"less (--rate, --rate-scale below 1) or add instances (hawk sweep "
+                     f"finds the knee of a config)"))
+    return rows
+
+
+#: a busy share at or past this is saturated (queues grow)
+SATURATED = 0.95
 
 
 def _profile_rows(profile: dict | None) -> list[tuple[str, str]]:
@@ -123,10 +170,11 @@ def add_parser(sub) -> None:
     p.add_argument("--cell-instances", choices=("split", "per-cell"),
                    help="split: the cluster's instances divided among the cells (default); "
                         "per-cell: every cell has the cluster's instances")
-    p.add_argument("--workers", type=int, help="processes running cells (default: one per core)")
+    add_workers(p, "processes running cells")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the cells on Ray: a local cluster, or the one at ADDRESS")
     add_profile(p)
+    add_max_wall(p)
     p.set_defaults(func=run)
 
 
@@ -158,6 +206,7 @@ def run(args) -> int:
         raise ConfigError("--workers and --ray run cells side by side; give --cells N "
                           "(or [cells] count in the config)")
     stream = _stream_for(args, config, trace)
+    _announce(args, config, trace, streamed=stream is not None)
     if trace is None and stream is None:
         trace = workload_trace(config)
     result = simulate(config, trace, progress=not args.json, stream=stream)
@@ -186,9 +235,12 @@ def _simulate_cells(args, config: RunConfig, trace, trace_info) -> int:
     from sim.runs.cells.run import simulate_cells
     from sim.runs.cells.stream import simulate_cells_streamed
 
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    import os
+
     stream = _stream_for(args, config, trace)       # each cell streams; aggregates merge
+    count = config.cells.count
+    _announce(args, config, trace, streamed=stream is not None, cells=count,
+              in_parallel=min(count, args.workers or os.cpu_count() or 1))
     run = simulate_cells if stream is None else partial(simulate_cells_streamed, stream=stream)
     result = run(config, trace, workers=args.workers, ray_address=args.ray,
                  records_path=args.out / "records.parquet" if args.out else None,
@@ -214,6 +266,22 @@ def _simulate_cells(args, config: RunConfig, trace, trace_info) -> int:
     if args.out is not None:
         print(f"records (with a cell column), summary and cells.json written to {args.out}/")
     return 0
+
+
+def _announce(args, config: RunConfig, trace, streamed: bool, cells: int = 1,
+              in_parallel: int = 1) -> None:
+    """The run's estimate (requests, wall time, peak memory) on stderr when it is long, and
+    refused past ``--max-wall-s``; a trace file read in blocks is counted once it is read."""
+    from sim.config.run_size import expected_num_requests, run_bytes
+    from traces.chunks import RequestSource
+
+    n = len(trace) if trace is not None else expected_num_requests(config.workload)
+    if n is None:
+        return
+    held = trace is not None and not isinstance(trace, RequestSource)
+    peak = in_parallel * run_bytes(n / cells, streamed, trace_held=held)
+    announce("hawk simulate", n / cells, args.max_wall_s, copies_in_turn=cells,
+             in_parallel=in_parallel, peak_bytes=peak, quiet=args.json)
 
 
 def _stream_for(args, config: RunConfig, trace):
@@ -283,4 +351,11 @@ def _trace_for(args, config: RunConfig):
     if not args.json:
         print(report.describe() + "\n  shaping: " + shaped.describe(), file=sys.stderr)
     return trace, {"path": str(path), "load": report.as_dict(), "shaping": asdict(shaped),
-                   "num_simulated": len(trace)}
+                   "num_simulated": len(trace), "offered": offered_load(trace.arrival_at)}
+
+
+def offered_load(arrival_at) -> dict:
+    """Requests, the span of their arrivals (first to last) and the offered rate over it."""
+    n = len(arrival_at)
+    span = float(arrival_at[-1] - arrival_at[0]) if n else 0.0
+    return {"num_requests": n, "span_s": span, "rate": (n - 1) / span if span > 0 else math.nan}

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.commands.args import add_common, add_profile, config_from_args
+from sim.commands.args import (add_common, add_max_wall, add_profile, add_workers, announce,
+                               config_from_args, fraction, whole_number)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="SLO attainment over a range of rates, and the knee")
     add_common(p)
     p.add_argument("--rates", default="0.1:1.0:0.05", help="start:stop:step or a,b,c (req/s)")
-    p.add_argument("--seeds", type=int, default=1, help="seeds per rate (default 1)")
-    p.add_argument("--target", type=float, default=0.9, help="attainment target (default 0.9)")
-    p.add_argument("--workers", type=int, help="processes (default: one per core)")
+    p.add_argument("--seeds", type=whole_number("--seeds"), default=1,
+                   help="seeds per rate (default 1)")
+    p.add_argument("--target", type=fraction("--target"), default=0.9,
+                   help="attainment target, in (0, 1] (default 0.9)")
+    add_workers(p)
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the points on Ray: a local cluster, or the one at ADDRESS")
     p.add_argument("--plot", type=Path, help="write a PNG of attainment and latencies vs rate")
     add_profile(p)
+    add_max_wall(p)
     p.set_defaults(func=run)
 
 
@@ -35,6 +39,7 @@ def run(args) -> int:
                           f"'hawk simulate --trace ... --rate-scale' instead")
     rates = parse_rates(args.rates)
     check_sweep_size(config, rates, args.seeds, args.workers)
+    _announce(args, config, rates)
     if args.plot is not None:
         writable_file(args.plot, "--plot")
     seeds = range(config.seed, config.seed + args.seeds)
@@ -44,9 +49,29 @@ def run(args) -> int:
     summary["config"] = provenance(config)      # the swept config; each point sets rate, seed
     if args.plot is not None:
         plot_sweep(summary, args.plot, title=f"{config.workload.name}: {config.cluster.prefill.device}"
-                                              f" -> {config.cluster.decode.device}")
+                                              f" -> {config.cluster.decode.device}",
+                   slo=(config.slo.ttft_s, config.slo.tpot_s))
     print(dumps(summary) if args.json else format_sweep(summary))
+    if args.plot is not None and not args.json:
+        print(f"plot written to {args.plot}")
     return 0
+
+
+def _announce(args, config, rates) -> None:
+    """The sweep's estimate: points x requests at the mean rate, one point per worker at a
+    time; refused past ``--max-wall-s``."""
+    import dataclasses
+    import os
+
+    from sim.config.run_size import expected_num_requests, run_bytes
+
+    points = len(rates) * args.seeds
+    mean_rate = sum(rates) / len(rates)
+    per_point = expected_num_requests(dataclasses.replace(config.workload, rate=mean_rate))
+    workers = min(points, args.workers or os.cpu_count() or 1)
+    announce("hawk sweep", per_point, args.max_wall_s, copies_in_turn=points,
+             in_parallel=workers, peak_bytes=workers * run_bytes(per_point), quiet=args.json,
+             what=f"the sweep of {points:,} points")
 
 
 def format_sweep(summary: dict) -> str:

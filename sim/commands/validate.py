@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", type=Path, help="write paired records and validate.json here")
     p.add_argument("--plot", type=Path, help="write a PNG of TTFT/TPOT/E2E CDFs, real vs sim")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from sim.commands.args import add_max_wall
+
+    add_max_wall(p)
     p.set_defaults(func=run)
 
 
@@ -46,8 +49,13 @@ def run(args) -> int:
         writable_file(args.plot, "--plot")
     if (args.ttft_slo is None) != (args.tpot_slo is None):
         raise ValueError("give both --ttft-slo and --tpot-slo, or neither")
-    doc = read_profile(args.profile)
+    from sim.commands.args import announce
+
     rates = ",".join(str(r) for r in args.rate) if args.rate else args.rates
+    loads = len([r for r in rates.split(",") if r.strip()])
+    announce("hawk validate (simulated side)", args.num_requests, args.max_wall_s,
+             copies_in_turn=loads, quiet=args.json, what="the simulated side")
+    doc = read_profile(args.profile)
     requests = load_requests(args.trace, args.workload, args.num_requests, context_of(doc),
                              args.seed)
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr))

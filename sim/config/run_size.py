@@ -31,11 +31,14 @@ TRACE_BYTES_PER_REQUEST = 48
 STREAM_MIN_REQUESTS = 1_000_000
 
 
-#: wall time per simulated request, measured on a 2-core machine (Python 3.11): default
-#: Chatbot runs of 200,000 requests took 4.2 s in memory and 5.3 s streamed, start-up
-#: included; a run of 10^7 streamed took 235 s (23.5 us a request). Budgeted at 25 us; an
-#: overloaded run (preemption, long queues) takes up to about twice that.
-SECONDS_PER_REQUEST = 25e-6
+#: wall time per simulated request on this machine, measured on 2 cores (Python 3.11). Alone
+#: on the machine, default Chatbot runs of 200,000 requests took 4.2 s in memory and 5.3 s
+#: streamed, start-up included, and a run of 10^7 streamed 235 s (23.5 us a request). Shared
+#: with other work, as the machine usually is: a run of 10^6 in memory took 59 s wall for
+#: 18.5 s of CPU (``/usr/bin/time -v hawk simulate --num-requests 1000000 --no-stream``, load
+#: average 3.4), and one of 10^8 about 1.5 hours (54 us). Budgeted at the shared figure, 55 us;
+#: an overloaded run (preemption, long queues) takes longer still.
+SECONDS_PER_REQUEST = 55e-6
 START_UP_S = 0.5
 #: past this estimate a command announces its run (requests, time, memory) on stderr
 ANNOUNCE_AFTER_S = 5.0
@@ -57,17 +60,29 @@ def describe_duration(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
+def describe_estimate(what: str, num_requests: float, wall_s: float,
+                      peak_bytes: float | None = None) -> str:
+    """``hawk simulate: about 5,000,000 requests, ~4 min on this machine, ~400 MB peak``."""
+    memory = "" if peak_bytes is None else f", ~{peak_bytes / 1e6:,.0f} MB peak"
+    return (f"{what}: about {num_requests:,.0f} requests, ~{describe_duration(wall_s)} on this "
+            f"machine{memory}")
+
+
 def check_run_time(num_requests: float, max_wall_s: float | None, what: str = "the run",
-                   copies_in_turn: float = 1.0, flag: str = "--max-wall-s") -> float:
+                   copies_in_turn: float = 1.0, flag: str = "--max-wall-s",
+                   in_parallel: int = 1) -> float:
     """The run's estimated wall seconds; ``ConfigError`` naming the estimate and ``flag``
-    when it exceeds ``max_wall_s`` (None: no limit)."""
-    wall = estimated_wall_s(num_requests, copies_in_turn)
+    when it exceeds ``max_wall_s`` (None: no limit). ``copies_in_turn`` runs of
+    ``num_requests`` (a sweep's points), ``in_parallel`` of them at a time (its workers)."""
+    wall = estimated_wall_s(num_requests, copies_in_turn / max(in_parallel, 1))
     if max_wall_s is not None and wall > max_wall_s:
+        at_once = f", {in_parallel} at a time" if in_parallel > 1 else ""
         raise ConfigError(
-            f"{what}: {num_requests * copies_in_turn:,.0f} simulated requests would take about "
-            f"{describe_duration(wall)} on this machine ({SECONDS_PER_REQUEST * 1e6:.0f} us a "
-            f"request), past the {describe_duration(max_wall_s)} limit; simulate fewer "
-            f"requests, or allow it with {flag} {wall * 1.5:.0f}")
+            f"{what}: {num_requests * copies_in_turn:,.0f} simulated requests{at_once} would "
+            f"take about {describe_duration(wall)} on this machine "
+            f"({SECONDS_PER_REQUEST * 1e6:.0f} us a request), past the "
+            f"{describe_duration(max_wall_s)} limit; simulate fewer requests, or allow it "
+            f"with {flag} {wall * 1.5:.0f}")
     return wall
 
 

@@ -219,11 +219,12 @@ def _simulation_key(config, table: dict, seed: int) -> str:
 # -- the fit, written --------------------------------------------------------------------
 def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
               workers: int = 2, write: bool = True, loo_nfev: int = LOO_NFEV,
-              cache_dir: str | None = None) -> dict:
+              cache_dir: str | None = None, say=None) -> dict:
     """Fit ``PARAMETERS`` to the named target set; write the profile as soon as it is fitted,
     and its record once the leave-one-out refits and the noise are in. ``cache_dir``: keep
     the fit's profiles and sweeps there, for a later run to reuse (default: a temporary
-    folder)."""
+    folder). ``say(text)`` hears each phase as it starts."""
+    say = say or (lambda text: None)
     if targets != "paper":
         raise ValueError(f"--targets {targets!r}: the one target set is 'paper'")
     import functools
@@ -235,6 +236,8 @@ def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
 
     def write_profile(values: dict[str, float]) -> None:
         clock.append(time.monotonic())
+        say(f"fitted in {clock[-1] - clock[0]:.0f} s; leave-one-out refits next "
+            f"({len(tlist)} targets)")
         if write:
             (PROFILE_DIR / f"{profile}.toml").write_text(render(template, with_derived(values)))
 
@@ -245,6 +248,7 @@ def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
         result = fit(PARAMETERS, tlist, evaluate, max_nfev=max_nfev, workers=workers,
                      loo_nfev=loo_nfev, on_fit=write_profile)
         clock.append(time.monotonic())
+        say(f"noise over {len(NOISE_SEEDS)} seeds next")
         spread = noise(result.values, evaluate, tlist, workers=workers)
         clock.append(time.monotonic())
     settings = {"max_nfev": max_nfev, "loo_nfev": loo_nfev, "fit_requests": dict(FIT_REQUESTS),

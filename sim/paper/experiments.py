@@ -146,13 +146,16 @@ def sweep_settings(workload: str, quick: bool, profile: str = PROFILE) -> dict:
 
 
 def serving(workload: str, names=tuple(CONFIGS), quick: bool = False, workers: int | None = None,
-            profile: str = PROFILE) -> dict:
+            profile: str = PROFILE, say=None) -> dict:
     """Per configuration: the sweep rows, knee, throughput at the knee, power and cost there."""
     from sim.runs.sweep import summarize_sweep, sweep
 
     opts = sweep_settings(workload, quick, profile)
     out = {}
-    for name in names:
+    for k, name in enumerate(names):
+        if say is not None:
+            say(f"{workload}, {name} ({k + 1} of {len(names)}): {len(opts['rates'])} rates x "
+                f"{len(opts['seeds'])} seeds of {opts['num_requests']:,} requests")
         config = serving_config(name, workload, profile).replace(
             **{"workload.num_requests": opts["num_requests"]})
         points = sweep(config, opts["rates"], opts["seeds"], workers=workers, progress=False)
@@ -207,13 +210,14 @@ def efficiency(results: dict) -> dict:
 
 
 def run_paper(quick: bool = False, workers: int | None = None, profile: str = PROFILE,
-              workloads=WORKLOADS, names=tuple(CONFIGS)) -> dict:
-    """Every experiment, as the JSON object ``hawk paper --json`` prints."""
+              workloads=WORKLOADS, names=tuple(CONFIGS), say=None) -> dict:
+    """Every experiment, as the JSON object ``hawk paper --json`` prints. ``say(text)``
+    hears each sweep as it starts."""
     out = {"profile": profile, "quick": quick,
            "fig9": figure9(profile), "table1": table1(profile),
            "knees": {}, "throughput_at_knee": {}, "efficiency": {}, "sweeps": {}}
     for workload in workloads:
-        res = serving(workload, names, quick, workers, profile)
+        res = serving(workload, names, quick, workers, profile, say)
         out["sweeps"][workload] = res
         out["knees"][workload] = {n: r["knee_rate"] for n, r in res.items()}
         out["throughput_at_knee"][workload] = {n: r["output_tokens_per_s_at_knee"]

@@ -229,19 +229,19 @@ def _rate(value: float) -> str:
     return "none" if math.isnan(value) else f"{value:g}"
 
 
-def plot_sweep(summary: dict, path, title: str = "") -> None:
+def plot_sweep(summary: dict, path, title: str = "", slo: tuple | None = None) -> None:
     """SLO attainment and P90 latencies vs rate, as a PNG (``sweep_figure``)."""
     import matplotlib.pyplot as plt
 
-    fig = sweep_figure(summary, title)
+    fig = sweep_figure(summary, title, slo)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def sweep_figure(summary: dict, title: str = ""):
+def sweep_figure(summary: dict, title: str = "", slo: tuple | None = None):
     """The sweep plot: attainment with the target, the knee marked (a line at the knee of the
     means, a band over the seeds' knees, or an arrow when it lies beyond the swept range),
-    and P90 TTFT / TPOT."""
+    and P90 TTFT / TPOT, each with its SLO (``slo``: TTFT s, TPOT s) when given."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -251,16 +251,23 @@ def sweep_figure(summary: dict, title: str = ""):
     rates = [r["rate"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     axes[0].plot(rates, [100 * r["slo_attainment"] for r in rows], marker="o")
-    axes[0].axhline(100 * summary["target"], color="grey", linestyle="--")
+    axes[0].axhline(100 * summary["target"], color="grey", linestyle="--",
+                    label=f"target {100 * summary['target']:g}%")
     axes[0].set_ylabel("SLO attainment (%)")
     _mark_knee(axes[0], summary)
     axes[1].plot(rates, [r["ttft_p90_s"] for r in rows], marker="o")
     axes[1].set_ylabel("P90 TTFT (s)")
     axes[2].plot(rates, [1e3 * r["tpot_p90_s"] for r in rows], marker="o")
     axes[2].set_ylabel("P90 TPOT (ms)")
+    if slo is not None:
+        axes[1].axhline(slo[0], color="grey", linestyle="--", label=f"TTFT SLO {slo[0]:g} s")
+        axes[2].axhline(1e3 * slo[1], color="grey", linestyle="--",
+                        label=f"TPOT SLO {1e3 * slo[1]:g} ms")
     for ax in axes:
         ax.set_xlabel("rate (req/s)")
         ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
     return fig

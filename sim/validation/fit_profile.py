@@ -188,7 +188,25 @@ def calibrate_profile(path, device: str | None = None) -> dict:
     transfer = {m: fit_transfer(points, m, str(Path(profile.path) / "transfer.csv"))
                 for m, points in sorted(profile.transfer.items())}
     return {"profile": profile, "device": spec, "device_source": how,
-            "key": device or "measured", "roofline": roofline, "transfer": transfer}
+            "key": device or "measured", "roofline": roofline, "transfer": transfer,
+            "warnings": transfer_warnings(transfer, spec.memory_bandwidth_gb_s)}
+
+
+def transfer_warnings(transfer: dict, memory_gb_s: float) -> list[str]:
+    """A fitted transfer outside physical bounds: faster than the measuring machine's memory
+    (``memory_gb_s``), or a fixed latency at or below 0. Such a fit follows the points
+    without describing the link: the sizes measured do not pin the parameter down."""
+    out = []
+    for m, t in transfer.items():
+        if t["bandwidth_gb_s"] > memory_gb_s:
+            out.append(f"transfer {m}: fitted bandwidth {t['bandwidth_gb_s']:.4g} GB/s is "
+                       f"above the measuring machine's memory bandwidth ({memory_gb_s:.4g} "
+                       f"GB/s): its times barely grow with size over the sizes measured; "
+                       f"measure larger sizes (hawk real profile) before trusting it")
+        if t["latency_s"] <= 0:
+            out.append(f"transfer {m}: fitted latency {t['latency_s']:.4g} s is not above 0: "
+                       f"the small sizes do not determine it; measure smaller sizes")
+    return out
 
 
 def rms(residuals) -> float:
@@ -221,6 +239,7 @@ def report(record: dict) -> str:
                   f"{t['bandwidth_gb_s']:.4g} GB/s; RMS relative residual {rms(t['residuals']):.2%}"]
         lines += [f"  {b:12.0f} B  {s * 1e3:9.3f} ms  {r:+7.2%}"
                   for (b, s), r in zip(profile.transfer[m], t["residuals"])]
+    lines += [f"warning: {w}" for w in record.get("warnings", [])]
     return "\n".join(lines)
 
 

@@ -1,0 +1,223 @@
+"""``hawk`` refuses what it cannot do in reason, and says what long work it starts: each
+command's estimate (requests, wall time, memory) against ``--max-wall-s``; nonsense flags
+(``--seeds 0``, ``--target 2``, ``--workers 0``, ``--seed -1``) named up front; no
+abbreviated flags; an error that lists every command; and a summary a planner reads right."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.commands.main import COMMANDS, main
+
+
+def refused(capsys, *argv) -> str:
+    """Run ``hawk argv``; it must exit 2 (a ``ConfigError`` returned, or argparse's exit)
+    before doing any work. The error text."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    return capsys.readouterr().err
+
+
+def write_trace(path: Path, rows) -> Path:
+    path.write_text("arrival_at,num_prompt_tokens,num_output_tokens\n"
+                    + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    return path
+
+
+# --- estimates and --max-wall-s -----------------------------------------------------------
+
+def test_a_hundred_million_requests_are_refused_at_once_with_the_estimate(capsys):
+    err = refused(capsys, "simulate", "--num-requests", "100000000")
+    assert "100,000,000 simulated requests would take about" in err
+    assert "past the 60.0 min limit" in err and "--max-wall-s" in err
+
+
+def test_max_wall_s_lowers_the_limit_of_a_run_in_memory(capsys):
+    err = refused(capsys, "simulate", "--num-requests", "200000", "--no-stream",
+                  "--max-wall-s", "1")
+    assert "200,000 simulated requests" in err and "past the 1 s limit" in err
+
+
+def test_cells_are_estimated_per_worker(capsys):
+    err = refused(capsys, "simulate", "--num-requests", "400000", "--cells", "4",
+                  "--cell-instances", "per-cell", "--workers", "2", "--max-wall-s", "2")
+    assert "400,000 simulated requests, 2 at a time" in err
+
+
+def test_a_sweep_counts_points_times_requests_over_its_workers(capsys):
+    err = refused(capsys, "sweep", "--rates", "0.1:2:0.1", "--num-requests", "100000",
+                  "--workers", "2", "--max-wall-s", "10")
+    assert "the sweep of 20 points: 2,000,000 simulated requests, 2 at a time" in err
+    assert "--max-wall-s" in err
+
+
+@pytest.mark.parametrize("argv, what", [
+    (("plan", "--rate", "1", "--num-requests", "100000", "--workers", "1"), "the plan's"),
+    (("paper", "--workers", "1"), "the paper's"),
+    (("validate", "--profile", "nowhere", "--workload", "chatbot", "--num-requests",
+      "1000000"), "the simulated side"),
+])
+def test_every_simulating_command_takes_max_wall_s(capsys, argv, what):
+    err = refused(capsys, *argv, "--max-wall-s", "1")
+    assert what in err and "--max-wall-s" in err
+
+
+def test_compare_estimates_both_arms(tmp_path, capsys):
+    for name, fairness in (("a", "fcfs"), ("b", "weighted_fair")):
+        (tmp_path / f"{name}.toml").write_text(f'[cluster.policies]\nfairness = "{fairness}"\n')
+    err = refused(capsys, "compare", "--baseline", str(tmp_path / "a.toml"), "--candidate",
+                  str(tmp_path / "b.toml"), "--workload", "chatbot", "--num-requests",
+                  "100000", "--repeats", "3", "--workers", "1", "--max-wall-s", "1")
+    assert "the comparison's 6 runs: 600,000 simulated requests" in err
+
+
+def test_a_long_estimate_is_announced_in_one_line(capsys):
+    from sim.commands.args import announce
+
+    announce("hawk simulate", 5_000_000, None, peak_bytes=400e6)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("hawk simulate: about 5,000,000 requests, ~")
+    assert "on this machine, ~400 MB peak" in err
+    announce("hawk simulate", 1000, None)                   # well under ANNOUNCE_AFTER_S
+    assert capsys.readouterr().err == ""
+
+
+def test_long_commands_announce_before_they_start(capsys, monkeypatch):
+    from sim.bench import speed
+
+    monkeypatch.setattr(speed, "run", lambda **kw: (_ for _ in ()).throw(SystemExit(0)))
+    with pytest.raises(SystemExit):
+        main(["bench"])
+    assert "hawk bench: about 900,000 requests" in capsys.readouterr().err
+
+
+# --- nonsense refused by the flag's name ----------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (("sweep", "--rates", "0.1", "--seeds", "0"), "--seeds 0: must be >= 1"),
+    (("sweep", "--rates", "0.1", "--target", "2"), "--target 2: must be in (0, 1]"),
+    (("sweep", "--rates", "0.1", "--target", "0"), "--target 0: must be in (0, 1]"),
+    (("plan", "--rate", "1", "--target", "1.5"), "--target 1.5: must be in (0, 1]"),
+    (("sweep", "--rates", "0.1", "--workers", "0"), "--workers 0: must be >= 1"),
+    (("plan", "--rate", "1", "--workers", "0"), "--workers 0: must be >= 1"),
+    (("paper", "--workers", "0"), "--workers 0: must be >= 1"),
+    (("compare", "--baseline", "a.toml", "--candidate", "b.toml", "--workers", "0"),
+     "--workers 0: must be >= 1"),
+    (("simulate", "--cells", "2", "--workers", "0"), "--workers 0: must be >= 1"),
+    (("plan", "--rate", "1", "--max-knees", "0"), "--max-knees 0: must be >= 1"),
+    (("simulate", "--max-wall-s", "0"), "--max-wall-s 0: must be > 0"),
+    (("real", "transfer-bench", "--seed", "-1"), "--seed -1: need >= 0"),
+])
+def test_nonsense_is_refused_naming_the_flag(capsys, argv, message):
+    assert message in refused(capsys, *argv)
+
+
+def test_transfer_bench_checks_its_seed_before_any_child_starts(monkeypatch):
+    import argparse
+
+    from hardware import transfer_bench
+
+    started = []
+    monkeypatch.setattr(transfer_bench, "bench_size", lambda *a: started.append(a))
+    args = argparse.Namespace(seed=-1, sizes=[2.0], num_layers=4, mechanisms=["GN-HAWK"],
+                              transport="mooncake")
+    with pytest.raises(transfer_bench.BenchFailed, match="--seed -1"):
+        transfer_bench.run(args)
+    assert started == []
+
+
+# --- CLI habits ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ("simulate", "--num-req", "50"),
+    ("sweep", "--rate", "0.1"),                             # --rates
+    ("replay", "--endpoint", "http://x", "--trace", "t.csv", "--rat", "2"),
+    ("real", "transfer-bench", "--size", "2"),              # --sizes
+])
+def test_flags_are_never_abbreviated(capsys, argv):
+    assert "unrecognized arguments" in refused(capsys, *argv)
+
+
+@pytest.mark.parametrize("argv", [("simulate", "--bogus"), ("bogus",)])
+def test_an_unknown_flag_or_command_names_every_command(capsys, argv):
+    err = refused(capsys, *argv)
+    assert len(COMMANDS) == 12
+    assert all(name in err for name, _, _ in COMMANDS)
+    assert "hawk --help" in err
+
+
+# --- what a planner reads -------------------------------------------------------------------
+
+def test_busy_share_and_decode_load_are_labelled_apart():
+    from sim.commands.simulate import _capacity_rows
+
+    summary = {"prefill_utilization": 0.4, "link_utilization": 0.02,
+               "decode_utilization": 1.0, "decode_occupancy": 1.08, "bottleneck": "decode"}
+    rows = dict(_capacity_rows(summary))
+    assert rows["utilisation"] == "prefill 40% / link 2% / decode 100% busy (share of the " \
+                                  "time working)"
+    assert rows["decode load"].startswith("108% of batch slots (requests past their first "
+                                          "token per slot; over 100%: a queue waits")
+    assert rows["most loaded"].startswith("decode (the highest of prefill busy, link busy "
+                                          "and decode load)")
+
+
+def test_a_stage_zero_by_construction_says_so(capsys):
+    assert main(["simulate", "--num-requests", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT first decode mean/P90" not in out
+    assert "TTFT first decode" in out and "the first token arrives with the KV cache" in out
+    assert "most loaded" in out and "decode load" in out
+
+
+def test_a_trace_run_shows_its_offered_rate_and_why_it_fails(tmp_path, capsys):
+    rows = [(0.01 * k, 2000, 50) for k in range(400)]       # 100 req/s, far past capacity
+    path = write_trace(tmp_path / "fast.csv", rows)
+    assert main(["simulate", "--trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "offered load" in out and "400 requests over 3.99 s = 100 req/s" in out
+    assert "past this cluster's capacity" in out
+
+
+def test_a_trace_within_capacity_gets_no_hint(tmp_path, capsys):
+    path = write_trace(tmp_path / "slow.csv", [(10.0 * k, 200, 20) for k in range(20)])
+    assert main(["simulate", "--trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "20 requests over 190 s" in out and "capacity" not in out
+
+
+def test_the_sweep_plot_draws_the_target_and_the_slos_and_says_where(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "sweep.png"
+    assert main(["sweep", "--rates", "0.2,0.4", "--num-requests", "40", "--workers", "1",
+                 "--plot", str(plot)]) == 0
+    assert f"plot written to {plot}" in capsys.readouterr().out and plot.is_file()
+    from sim.runs.sweep import summarize_sweep, sweep, sweep_figure
+    from sim.config import RunConfig
+
+    config = RunConfig().replace(**{"workload.num_requests": 40})
+    fig = sweep_figure(summarize_sweep(sweep(config, [0.2], workers=1, progress=False)),
+                       slo=(2.0, 0.2))
+    labels = [label for ax in fig.axes for label in ax.get_legend_handles_labels()[1]]
+    assert "target 90%" in labels and "TTFT SLO 2 s" in labels and "TPOT SLO 200 ms" in labels
+
+
+def test_a_transfer_fitted_faster_than_memory_is_warned(tmp_path, capsys):
+    from tests.test_profile_dir import make_profile_dir
+
+    prof = make_profile_dir(tmp_path / "p")
+    rows = (prof / "transfer.csv").read_text().splitlines()
+    flat = [",".join(r.split(",")[:2] + ["0.003"] + r.split(",")[3:]) if "GN-HAWK" in r else r
+            for r in rows]                                  # GN-HAWK's time flat in size
+    (prof / "transfer.csv").write_text("\n".join(flat) + "\n")
+    assert main(["calibrate", "--profile", str(prof)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: transfer GN-HAWK: fitted bandwidth" in out
+    assert "above the measuring machine's memory bandwidth" in out
+    assert "warning: transfer GG-Direct" not in out

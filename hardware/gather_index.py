@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hardware.dram import contiguous_runs
-from hardware.plans import RequestTransfer, hawk_segments
+from hardware.mechanism_plans import RequestTransfer, hawk_segments
 from hardware.tiles import FACE, TILE, TILE_ELEMS
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from hardware.allocator import ContiguousAllocator, ReceiveAllocator
 from hardware.dram import blackhole_p150a, wormhole
 from hardware.kv_layout import GpuKVSpec, TTKVSpec, kv_head_range
-from hardware.plans import RequestTransfer, all_plans
+from hardware.mechanism_plans import RequestTransfer, all_plans
 
 LLAMA_70B = dict(num_layers=80, num_kv_heads=8, head_dim=128)   # docs/facts.md 7
 DRAMS = {"p150a": blackhole_p150a, "wormhole": wormhole}

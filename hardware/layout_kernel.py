@@ -1,4 +1,4 @@
-"""The fused CPU kernel of the HAWK transformation, built on first use (optional).
+"""The fused CPU kernel of the HAWK transformation, built ahead or on first use (optional).
 
 ``csrc/layout_kernel.cpp`` reads each page's 32 tile rows straight from a layer's scattered
 GPU blocks (``TileGather.sources``) and writes its send row once, tilized and packed:
@@ -13,12 +13,18 @@ caches with the portable code compiled for their own target. All give the same b
 path the CPU lacks is refused by name. The build is baseline with each vector path compiled
 for its own target, so one build runs on any CPU of the architecture. Pages are split over
 torch's intra-op threads (``torch.set_num_threads``; each page fills its own send row, so the
-bytes never depend on the split). It is compiled with ``torch.utils.cpp_extension.load`` the
-first time a CPU transformation asks for it (a few seconds; cached in torch's extension
-directory, ``~/.cache/torch_extensions`` unless ``TORCH_EXTENSIONS_DIR`` says otherwise,
-under a name that changes with the sources) and registered as ``torch.ops.hawk_layout``. With
-more than one thread, calls take a second build with -fopenmp (``torch.ops.hawk_layout_omp``,
-built on the first such call), the one whose ``at::parallel_for`` actually splits the pages.
+bytes never depend on the split).
+
+It is compiled with ``torch.utils.cpp_extension.load`` by ``hardware.kernel_build``: ahead of
+serving with ``python -m hardware.layout_kernel --build`` (the real-mode prefill workers call
+``warm_up()`` before they join), else the first time a CPU transformation asks for it (about
+a minute; cached in torch's extension directory, ``~/.cache/torch_extensions`` unless
+``TORCH_EXTENSIONS_DIR`` says otherwise, in a directory named by everything that changes the
+binary). It is registered as ``torch.ops.hawk_layout``. With more than one thread, calls take
+a second build with -fopenmp (``torch.ops.hawk_layout_omp``, built on the first such call),
+the one whose ``at::parallel_for`` actually splits the pages. A process never waits more than
+``HAWK_KERNEL_WAIT_S`` seconds (default 5) for another's build: past it, it runs the eager
+torch path and says so in one line on stderr; a killed build's lock is removed.
 
 When it cannot be built (no compiler, no ninja, a build error) ``available()`` is False, the
 reason is logged at debug level and ``hardware.transform`` runs its eager torch path.
@@ -27,16 +33,17 @@ reason is logged at debug level and ``hardware.transform`` runs its eager torch 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
-import hashlib
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from hardware import kernel_build
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,7 @@ PATHS = {"portable": 1, "avx2": 2, "avx512": 3}         # block-float paths, slo
 MAG_BITS = {"bfloat16": 0, "float32": 0, "bfloat8_b": 7, "bfloat4_b": 3}
 SAME_BITS = {"bfloat16": torch.bfloat16, "float32": torch.float32}   # sent as they are
 BLOCK_FLOAT_SOURCES = (torch.bfloat16, torch.float16, torch.float32)
+WARM_WAIT_S = 120.0        # warm-up waits out another process's build (one takes up to a minute)
 
 
 def enabled() -> bool:
@@ -71,40 +79,53 @@ def _flags(parallel: bool) -> tuple[list[str], list[str]]:
     return ["-O3", "-fopenmp", "-DHAWK_LIB=hawk_layout_omp"], ["-fopenmp"]
 
 
-def _source_tag(parallel: bool = False) -> str:
-    """A short hash of the kernel's sources and flags, for the build's name: an edited kernel
-    is built afresh rather than loaded from a cache of the old one."""
-    digest = hashlib.sha1(repr(_flags(parallel)).encode())
-    for path in sorted(CSRC.iterdir()):
-        if path.suffix in (".cpp", ".h"):
-            digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:10]
+def _spec(parallel: bool) -> kernel_build.Spec:
+    """The serial or the parallel build: its name, sources (an edited kernel or header is
+    built afresh, in a directory of its own) and flags."""
+    cflags, ldflags = _flags(parallel)
+    headers = sorted(p for p in CSRC.iterdir() if p.suffix == ".h")
+    return kernel_build.Spec("hawk_layout_omp" if parallel else "hawk_layout",
+                             (SOURCE, *headers), tuple(cflags), tuple(ldflags))
 
 
-@functools.cache
-def _build(parallel: bool = False) -> float | None:
-    """Compile and load the serial (``torch.ops.hawk_layout``) or parallel
-    (``torch.ops.hawk_layout_omp``) kernel once per process: the build's seconds, or None."""
-    start = time.perf_counter()
+_BUILDS: dict[bool, kernel_build.Built | None] = {}     # parallel? -> the build, None: none
+_FAILURES: dict[bool, str] = {}                          # parallel? -> why there is none
+
+
+def _build(parallel: bool = False, wait_s: float | None = None) -> kernel_build.Built | None:
+    """Load (building it if need be) the serial (``torch.ops.hawk_layout``) or parallel
+    (``torch.ops.hawk_layout_omp``) kernel once per process, waiting at most ``wait_s``
+    seconds (default ``HAWK_KERNEL_WAIT_S``) for another process's build of it; None where
+    it cannot be had, and this process runs the eager torch path."""
+    if parallel in _BUILDS:
+        return _BUILDS[parallel]
+    kind = "parallel" if parallel else "serial"
+    wait_s = kernel_build.wait_seconds() if wait_s is None else wait_s
+    built = None
     try:
-        from torch.utils import cpp_extension
-        cflags, ldflags = _flags(parallel)
-        suffix = "_omp" if parallel else ""
-        cpp_extension.load(name=f"hawk_layout{suffix}_{_source_tag(parallel)}",
-                           sources=[str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags,
-                           is_python_module=False, verbose=False)
-        getattr(torch.ops, f"hawk_layout{suffix}").pack_layer           # registered
+        built = kernel_build.load(_spec(parallel), wait_s)
+        getattr(torch.ops, _spec(parallel).name).pack_layer              # registered
+    except kernel_build.BuildBusy as e:
+        _FAILURES[parallel] = str(e)
+        kernel_build.say_once(f"{e}; this process runs the eager torch path (python -m "
+                              f"hardware.layout_kernel --build builds it ahead)")
+        built = None
     except Exception as e:                                               # noqa: BLE001
-        log.debug("fused layout kernel (%s) unavailable: %s",
-                  "parallel" if parallel else "serial", e)
-        return None
-    return time.perf_counter() - start
+        _FAILURES[parallel] = f"{type(e).__name__}: {e}"
+        log.debug("fused layout kernel (%s) unavailable: %s", kind, e)
+        built = None
+    _BUILDS[parallel] = built
+    return built
+
+
+def _wants_parallel() -> bool:
+    return torch.get_num_threads() > 1 and _openmp()
 
 
 def _ops():
     """The kernel to call: the parallel build when torch runs more than one intra-op thread
     and it builds, else the serial one."""
-    if torch.get_num_threads() > 1 and _openmp() and _build(True) is not None:
+    if _wants_parallel() and _build(True) is not None:
         return torch.ops.hawk_layout_omp
     return torch.ops.hawk_layout
 
@@ -116,7 +137,20 @@ def available() -> bool:
 
 def build_seconds() -> float | None:
     """Seconds the first build (or load from the cache) took in this process, or None."""
-    return _build() if enabled() else None
+    built = _build() if enabled() else None
+    return built.seconds if built is not None else None
+
+
+def warm_up(wait_s: float = WARM_WAIT_S) -> list[kernel_build.Built]:
+    """Build (or load) now the kernel(s) this process's calls will take, waiting up to
+    ``wait_s`` seconds for another process's build: a server calls it before it serves, so
+    that no request waits on a compile. Nothing where ``HAWK_TRANSFORM_KERNEL=0``."""
+    if not enabled():
+        return []
+    builds = [_build(False, wait_s)]
+    if _wants_parallel():
+        builds.append(_build(True, wait_s))
+    return [b for b in builds if b is not None]
 
 
 def applies(layer: torch.Tensor, tt_dtype: str, gather) -> bool:
@@ -194,3 +228,35 @@ def pack_layer(layer: torch.Tensor, sources: torch.Tensor, send_rows: torch.Tens
     name = "portable" if portable else path or forced_path()
     code = PATHS[check_path(name)] if name is not None else 0
     _ops().pack_layer(layer, sources, send_rows, rows, MAG_BITS[tt_dtype], code)
+
+
+def main(argv=None) -> int:
+    """``python -m hardware.layout_kernel --build``: build the kernel ahead of serving."""
+    p = argparse.ArgumentParser(prog="python -m hardware.layout_kernel",
+                                description="Build the fused CPU kernel of the HAWK "
+                                            "transformation ahead of serving.")
+    p.add_argument("--build", action="store_true", required=True,
+                   help="build (or load) the serial build and, where torch threads on "
+                        "OpenMP, the parallel one; print where and how long")
+    p.add_argument("--wait-s", type=float, default=WARM_WAIT_S,
+                   help=f"wait at most this long for another process's build (default "
+                        f"{WARM_WAIT_S:g})")
+    args = p.parse_args(argv)
+    if not enabled():
+        print(f"{ENV_VAR}=0: the fused kernel is off; nothing built")
+        return 0
+    status = 0
+    for parallel in (False, True) if _openmp() else (False,):
+        built = _build(parallel, args.wait_s)
+        name = _spec(parallel).name
+        if built is None:
+            print(f"{name}: not built: {_FAILURES[parallel]}", file=sys.stderr)
+            status = 1
+        else:
+            verb = "built" if built.compiled else "loaded (built before)"
+            print(f"{name}: {verb} in {built.seconds:.1f} s: {built.library}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 compares HAWK against.
 
 Each entry says where the KV cache goes, which way it travels, what happens to its layout and
-which transfer plan of ``hardware.plans`` moves it. The simulator prices these entries
+which transfer plan of ``hardware.mechanism_plans`` moves it. The simulator prices these entries
 (``sim.models.transfer``); the real path runs the ones marked ``real`` on actual bytes
 (``hardware.mechanisms``, ``hardware.serve``).
 
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Mechanism:
-    """How one mechanism moves the KV cache. ``plan`` names its ``hardware.plans`` builder."""
+    """How one mechanism moves the KV cache. ``plan`` names its builder in
+    ``hardware.mechanism_plans``."""
 
     name: str
     source: str          # "gpu"

@@ -30,8 +30,8 @@ import numpy as np
 from hardware.dram import DramConfig, page_location
 from hardware.kv_layout import GpuKVSpec, TTKVSpec, gather_tokens, scatter_tokens, to_tt_blocks
 from hardware.mechanism_specs import REAL_MECHANISMS
-from hardware.plan import TransferPlan
-from hardware.plans import RequestTransfer, hawk_plan
+from hardware.transfer_plan import TransferPlan
+from hardware.mechanism_plans import RequestTransfer, hawk_plan
 from hardware.tiles import bf16_to_f32, pack
 from hardware.transport.base import Region, Transport
 
@@ -217,7 +217,7 @@ class MechanismSink:
 def expected_bytes(layers, req: RequestTransfer, to_npu: bool) -> bytes:
     """The layout code's own answer: per-page plan over the page-ordered transform (GN), or the
     request's tokens gathered from the prefill cache (GG)."""
-    from hardware.plans import apply_plan, per_page_plan
+    from hardware.mechanism_plans import apply_plan, per_page_plan
     from hardware.transform import gather_tokens as gather_tokens_t, page_order_transform
 
     if not to_npu:

@@ -46,7 +46,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 from hardware.transport.base import (  # noqa: F401  (Prepared: a public name kept here)
     AuthError, PeerLost, Prepared, ProtocolError, Region, TransferTimeout, Transport,
     TransportError, UnknownRequest, buffer_address,

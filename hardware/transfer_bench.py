@@ -109,6 +109,9 @@ def serve(size_bytes: int, transport: str, device: str, num_layers: int, seed: i
 
     req = mechanisms.make_request(size_bytes, num_layers=num_layers, seed=seed)
     layers = mechanisms.make_layers(req, seed=seed, device=device)
+    if device == "cpu":
+        from hardware import layout_kernel
+        layout_kernel.warm_up()             # before serving: no timed pull waits on a compile
     t = make_transport(transport, host="127.0.0.1", protocol="tcp")
     largest = max(req.token_bytes, sum(req.tt.region_sizes),                # GN-HAWK
                   req.num_tensors * req.block_table.size * req.gpu.block_bytes)  # GG-Direct
@@ -185,7 +188,7 @@ class PlainSink:
         return {}
 
     def plan(self, request_id: str, dest: dict, meta: dict):
-        from hardware.plan import TransferPlan
+        from hardware.transfer_plan import TransferPlan
         n = self.dst.size
         starts = np.arange(0, n, CHUNK, dtype=np.int64)
         self.marks.append(time.perf_counter())

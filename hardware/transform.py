@@ -5,7 +5,7 @@ Per layer, K and V together, on the prefill GPU (or CPU when there is none):
   ``[nb, H, bs, D]`` -> step 1: tilize and pack (bfloat16 / bfloat8_b / bfloat4_b / float32,
   byte-exact with ``hardware.tiles``) -> step 2: regroup the page-ordered tiles by destination
   bank, so each bank's pages are one contiguous segment of the send buffer.
-The send buffer's layout is the source side of ``hardware.plans.hawk_plan`` for the same
+The send buffer's layout is the source side of ``hardware.mechanism_plans.hawk_plan`` for the same
 request. Only device-agnostic torch ops are used, so a CUDA cache is transformed on the GPU.
 
 How it runs (head size a multiple of 32): one ``index_select`` of 16-token pieces (long
@@ -41,7 +41,7 @@ import torch
 from hardware import layout_kernel
 from hardware.gather_index import GatherIndex, TileGather, UnitGather, prepare
 from hardware.kv_layout import GpuKVSpec, blocks_for
-from hardware.plans import RequestTransfer
+from hardware.mechanism_plans import RequestTransfer
 from hardware.tile_torch import NARROW_FLOATS, Scratch, pack, pack_rows, pack_tiles
 from hardware.tiles import FACE, TILE, TILE_ELEMS, tile_format
 

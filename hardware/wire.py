@@ -2,9 +2,11 @@
 
 A message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON holding one
 object: at most ``MAX_HELLO`` bytes before the sender has shown the token, ``MAX_MESSAGE``
-after. A failed request is answered ``{"ok": false, "error": NAME, "message": ...}`` where
-``NAME`` is one of ``ERRORS`` (anything else is sent as ``ProtocolError``); the other side
-raises the same class again (``raise_for_reply``).
+after. ``send_msg``/``recv_msg`` frame it on a blocking socket (the workers, Algorithm 1),
+``write_frame``/``read_frame`` on asyncio streams (the router): one encoding for both. A
+failed request is answered ``{"ok": false, "error": NAME, "message": ...}`` where ``NAME`` is
+one of ``ERRORS`` (anything else is sent as ``ProtocolError``); the other side raises the
+same class again (``raise_for_reply``).
 
 Deadlines. ``recv_msg`` waits for a message to start for the socket's own timeout
 (``NoMessage``, a ``TransferTimeout``, when none does); once its first byte has arrived the
@@ -38,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 from hardware.transport.base import (
     AuthError, ChecksumMismatch, PeerLost, ProtocolError, SendBufferExhausted, TransferTimeout,
     UnknownRequest,
@@ -95,23 +97,25 @@ class NoMessage(TransferTimeout):
     """No message started within the socket's timeout (an idle peer, not a broken one)."""
 
 
-def send_msg(sock: socket.socket, msg: dict) -> None:
+HEADER = struct.Struct("!I")          # the body's length in bytes
+
+
+def encode(msg: dict) -> bytes:
+    """``msg`` as one frame: its length, then its UTF-8 JSON."""
     body = json.dumps(msg).encode()
-    try:
-        sock.sendall(struct.pack("!I", len(body)) + body)
-    except socket.timeout as e:
-        raise TransferTimeout(f"sending {len(body)} B: peer not reading within "
-                              f"{sock.gettimeout()} s") from e
+    return HEADER.pack(len(body)) + body
 
 
-def recv_msg(sock: socket.socket, peer: str, max_bytes: int = MAX_MESSAGE,
-             frame_s: float = 30.0) -> dict:
-    """One message (a JSON object); see the module docstring for the deadlines."""
-    head = _recv_exact(sock, 4, peer, None, frame_s)
-    (n,) = struct.unpack("!I", head)
+def body_length(head: bytes, peer: str, max_bytes: int) -> int:
+    """The length a frame's header announces; ``ProtocolError`` past ``max_bytes``."""
+    (n,) = HEADER.unpack(head)
     if n > max_bytes:
         raise ProtocolError(f"{peer}: message of {n} B exceeds {max_bytes} B")
-    body = _recv_exact(sock, n, peer, time.monotonic() + frame_s, frame_s)
+    return n
+
+
+def decode(body: bytes, peer: str) -> dict:
+    """A frame's body as the JSON object it must hold (else ``ProtocolError``)."""
     try:
         msg = json.loads(body)
     except ValueError as e:
@@ -120,6 +124,38 @@ def recv_msg(sock: socket.socket, peer: str, max_bytes: int = MAX_MESSAGE,
         raise ProtocolError(f"{peer}: message is a JSON {type(msg).__name__}, expected an "
                             f"object")
     return msg
+
+
+def send_msg(sock: socket.socket, msg: dict) -> None:
+    frame = encode(msg)
+    try:
+        sock.sendall(frame)
+    except socket.timeout as e:
+        raise TransferTimeout(f"sending {len(frame) - HEADER.size} B: peer not reading within "
+                              f"{sock.gettimeout()} s") from e
+
+
+def recv_msg(sock: socket.socket, peer: str, max_bytes: int = MAX_MESSAGE,
+             frame_s: float = 30.0) -> dict:
+    """One message (a JSON object); see the module docstring for the deadlines."""
+    n = body_length(_recv_exact(sock, HEADER.size, peer, None, frame_s), peer, max_bytes)
+    return decode(_recv_exact(sock, n, peer, time.monotonic() + frame_s, frame_s), peer)
+
+
+async def read_frame(reader, peer: str = "peer", max_bytes: int = MAX_MESSAGE) -> dict:
+    """``recv_msg`` on an ``asyncio.StreamReader`` (the router's side; its deadlines are the
+    caller's ``asyncio.wait_for``)."""
+    try:
+        n = body_length(await reader.readexactly(HEADER.size), peer, max_bytes)
+        body = await reader.readexactly(n)
+    except EOFError as e:                       # asyncio.IncompleteReadError
+        raise PeerLost(f"{peer}: connection closed by the peer") from e
+    return decode(body, peer)
+
+
+def write_frame(writer, msg: dict) -> None:
+    """``send_msg`` on an ``asyncio.StreamWriter`` (buffered; the caller drains)."""
+    writer.write(encode(msg))
 
 
 def _recv_exact(sock: socket.socket, n: int, peer: str, deadline: float | None,

@@ -119,6 +119,16 @@ def test_cli_prints_residuals_and_writes(tmp_path, capsys):
     assert "go with --profile" in capsys.readouterr().err
 
 
+def test_the_targets_fits_flags_are_refused_beside_a_profile(tmp_path, capsys):
+    prof = make_profile_dir(tmp_path / "p")
+    for flag in (["--max-evaluations", "3"], ["--dry-run"], ["--targets", "paper"]):
+        assert hawk(["calibrate", "--profile", str(prof), *flag]) == 2, flag
+        assert f"{flag[0]} is a flag of the targets fit, not of --profile DIR" in \
+            capsys.readouterr().err
+    assert hawk(["calibrate", "--workers", "0"]) == 2         # checked before any fitting
+    assert "--workers 0: must be at least 1" in capsys.readouterr().err
+
+
 def test_device_names_a_catalog_device(tmp_path):
     prof = make_profile_dir(tmp_path / "p")
     with pytest.raises(ConfigError, match="--device 'cpu9'"):

@@ -1,15 +1,18 @@
 """The fused CPU kernel of the HAWK transformation: byte for byte the eager torch path."""
 
-import functools
+import fcntl
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from hardware import layout_bench, layout_kernel, tiles, transform
-from hardware.plans import hawk_segments
+from hardware import kernel_build, layout_bench, layout_kernel, tiles, transform
+from hardware.mechanism_plans import hawk_segments
 from test_layout_nonfinite import kernel_pack, narrow_source
 from test_layout_transform import make_transfer, numpy_send_buffer
 
@@ -311,15 +314,16 @@ def test_kernel_is_used_only_where_it_applies(kernel, monkeypatch):
         transform.hawk_transform(layers, req, kernel=True)
 
 
-def test_failed_build_falls_back_to_eager(monkeypatch, caplog):
+def test_failed_build_falls_back_to_eager(monkeypatch, caplog, tmp_path):
     from torch.utils import cpp_extension
 
     def fail(*args, **kwargs):
         raise RuntimeError("no compiler here")
 
     monkeypatch.delenv(layout_kernel.ENV_VAR, raising=False)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))       # no finished build there
     monkeypatch.setattr(cpp_extension, "load", fail)
-    monkeypatch.setattr(layout_kernel, "_build", functools.cache(layout_kernel._build.__wrapped__))
+    monkeypatch.setattr(layout_kernel, "_BUILDS", {})
     req = make_transfer(np.random.default_rng(3), 40, 1, 64, 16, "HND", 32, "bfloat8_b", 5)
     layers = transform.make_gpu_cache(req.gpu, torch.Generator().manual_seed(3))
     with caplog.at_level(logging.DEBUG, logger="hardware.layout_kernel"):
@@ -327,6 +331,32 @@ def test_failed_build_falls_back_to_eager(monkeypatch, caplog):
         out = transform.hawk_transform(layers, req)
     assert "no compiler here" in caplog.text
     assert torch.equal(out, transform.hawk_transform(layers, req, kernel=False))
+
+
+def test_a_finished_build_loads_while_another_process_holds_the_lock(kernel):
+    # the library a build left is loaded at once: no lock, no ninja run, no wait
+    built = layout_kernel.warm_up()[0]
+    assert built.directory == kernel_build.build_directory(layout_kernel._spec(False))
+    assert built.library.parent == built.directory and built.library.is_file()
+    probe = "from hardware import layout_kernel as k; print(k.available())"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           kernel_build.WAIT_VAR: "0"}
+    with open(built.directory / kernel_build.LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert done.stdout.split() == ["True"], done.stderr
+    assert "hardware.layout_kernel:" not in done.stderr
+
+
+def test_build_command_says_where_and_how_long(kernel, capsys):
+    assert layout_kernel.main(["--build"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    names = ["hawk_layout"] + (["hawk_layout_omp"] if layout_kernel._openmp() else [])
+    assert [line.split(":")[0] for line in out] == names
+    for name, line in zip(names, out):
+        directory = kernel_build.build_directory(layout_kernel._spec(name.endswith("omp")))
+        assert " in " in line and line.endswith(".so") and str(directory) in line
 
 
 def test_benchmark_names_the_path_and_both_ratios():

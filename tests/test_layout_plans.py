@@ -5,7 +5,7 @@ import pytest
 
 from hardware.dram import DramConfig, blackhole_p150a, contiguous_runs, wormhole
 from hardware.kv_layout import GpuKVSpec, TTKVSpec, gather_tokens, scatter_tokens
-from hardware.plans import (RequestTransfer, all_plans, apply_plan, check_disjoint,
+from hardware.mechanism_plans import (RequestTransfer, all_plans, apply_plan, check_disjoint,
                             hawk_plan, per_gpu_block_plan, single_buffer_plan)
 
 

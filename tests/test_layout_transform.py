@@ -12,7 +12,7 @@ from hardware import tile_torch, transform
 from hardware.dram import DramConfig, contiguous_runs, page_location
 from hardware.kv_layout import (GpuKVSpec, TTKVSpec, gather_tokens, read_tt_tokens,
                                 to_tt_blocks)
-from hardware.plans import (RequestTransfer, apply_plan, check_disjoint, hawk_plan,
+from hardware.mechanism_plans import (RequestTransfer, apply_plan, check_disjoint, hawk_plan,
                             hawk_segments, per_page_plan)
 from hardware.tiles import bfp_encode, pack as np_pack, quantize
 

@@ -167,7 +167,7 @@ def test_splitwise_and_vidur_processed_csv(tmp_path, header, row):
 def test_generic_csv_needs_mapping_and_uses_it(tmp_path):
     path = write(tmp_path, "mine.csv", "t_ms,in,out,id\n500,10,3,70\n100,20,4,71\n")
     assert detect_format(path) == "csv"
-    with pytest.raises(TraceFormatError, match="give mapping="):
+    with pytest.raises(TraceFormatError, match="--columns arrival_at=COL.*or mapping= in Python"):
         load_trace(path)
     mapping = {"arrival_at": "t_ms", "num_prompt_tokens": "in", "num_output_tokens": "out",
                "request_id": "id", "time_unit": "ms"}

@@ -41,7 +41,33 @@ def test_failed_and_unfinished_requests_count_as_misses():
 
 def test_knee_is_the_highest_rate_meeting_the_target():
     assert metrics.knee([0.1, 0.2, 0.3, 0.4], [1.0, 0.95, 0.91, 0.5]) == 0.3
-    assert math.isnan(metrics.knee([0.1, 0.2], [0.5, 0.4]))
+    assert metrics.knee([0.4, 0.1, 0.3, 0.2], [0.5, 1.0, 0.91, 0.95]) == 0.3   # any order
+    assert metrics.knee([0.1, 0.2], [0.9, 0.89]) == 0.1                       # >= target
+    assert metrics.knee([0.1, 0.2, 0.3], [0.95, 0.85, float("nan")]) == 0.1   # NaN: a miss
+
+
+def test_knee_interpolates_where_attainment_crosses_the_target():
+    # 0.95 at 0.2, 0.85 at 0.3: 0.9 is crossed half-way, at 0.25
+    assert metrics.knee([0.1, 0.2, 0.3], [1.0, 0.95, 0.85], interpolate=True) == pytest.approx(0.25)
+    # 0.92 at 1.0, 0.82 at 2.0: a fifth of the way, 1.2
+    assert metrics.knee([1.0, 2.0], [0.92, 0.82], interpolate=True) == pytest.approx(1.2)
+    assert metrics.knee([0.1, 0.2], [0.9, 0.5], interpolate=True) == 0.1      # on the target
+
+
+def test_knee_when_no_rate_or_every_rate_passes():
+    for interpolate in (False, True):
+        assert math.isnan(metrics.knee([0.1, 0.2], [0.5, 0.4], interpolate=interpolate))
+        assert math.isnan(metrics.knee([], [], interpolate=interpolate))
+        # beyond the swept range: the highest rate, never an extrapolation
+        assert metrics.knee([0.1, 0.2], [1.0, 0.99], interpolate=interpolate) == 0.2
+
+
+def test_a_noisy_dip_keeps_the_higher_passing_rate():
+    rates, att = [0.1, 0.2, 0.3, 0.4], [1.0, 0.89, 0.93, 0.7]
+    assert metrics.knee(rates, att) == 0.3                 # not 0.1, the first crossing
+    # interpolated after the highest passing rate: 0.93 at 0.3, 0.7 at 0.4 -> 0.3 + 0.03/0.23 * 0.1
+    assert metrics.knee(rates, att, interpolate=True) == pytest.approx(0.3 + 0.1 * 3 / 23)
+    assert metrics.knee([0.1, 0.2, 0.3], [0.5, 0.95, 0.6]) == 0.2     # the lowest rate misses
 
 
 def test_sweep_summary_knee_of_means_and_of_each_seed():

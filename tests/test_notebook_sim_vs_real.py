@@ -24,7 +24,8 @@ def test_sim_vs_real_notebook_runs(tmp_path):
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", startup_timeout=180,
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
-    validate = next(c for c in code if c.source.startswith("assert main(['validate'"))
+    assert not any("sim.commands" in c.source for c in code)     # the API, not the command line
+    validate = next(c for c in code if c.source.startswith("print(format_result(result))"))
     text = _text(validate)
     for load in ("light load", "knee load"):
         assert load in text

@@ -1,6 +1,7 @@
 """The capacity-planning notebook executes end to end (quick settings), its decode options
 reach knees that differ where their hardware does, it says what binds each, plans the cheapest
-cluster for a load and compares two policies on a bursty multi-customer workload."""
+cluster for a load and compares two policies on a bursty multi-customer workload, through the
+package's functions (``sim.runs``), not the command line."""
 
 from pathlib import Path
 
@@ -21,11 +22,16 @@ def test_capacity_planning_notebook_runs(tmp_path):
     assert "p150a" in knees and "A100" in knees
     binds = code[2]["outputs"][0]["data"]["text/plain"]
     assert "binds" in binds and "slo_missed_past_knee" in binds
-    text = ["".join(o.get("text", "") for o in c["outputs"]) for c in code]
-    assert any("cheapest" in t for t in text), "hawk plan names a cheapest configuration"
-    compared = next(t for t in text if "verdict:" in t)
-    assert "ttft_p90_s[quiet-1,quiet-2,quiet-3]" in compared
-    assert (tmp_path / "plan.png").is_file() and (tmp_path / "compare").is_dir()
+    text = {c.source: "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                              for o in c["outputs"]) for c in code}
+    picks = next(t for s, t in text.items() if s.startswith("{pick: planned[pick]"))
+    assert "'cheapest': '" in picks, "the plan names a cheapest configuration"
+    assert any("image/png" in o.get("data", {}) for c in code for o in c["outputs"]
+               if c.source.startswith("plan_figure("))
+    effects = next(t for s, t in text.items() if "compare(runs," in s)
+    assert "ttft_p90_s[quiet-1,quiet-2,quiet-3]" in effects and "ci_low" in effects
+    assert "'keep': '" in text["result['verdict']"]
+    assert list(tmp_path.iterdir()) == []           # the notebook writes no files
 
 
 def test_decode_options_differ_where_hardware_does_and_binding_is_named():

@@ -298,12 +298,13 @@ def test_paper_json_reports_the_fit(result):
         assert {"paper", "ours", "residual", "loo_value", "loo_error", "noise"} <= set(r)
 
 
-def test_interpolated_knee_and_scaled_residuals():
-    from sim.paper.calibrate import Target, interpolated_knee, residual
+def test_the_fits_interpolated_knee_and_scaled_residuals():
+    from sim.paper.calibrate import Target, residual
+    from traces.metrics import knee
 
-    assert interpolated_knee([0.2, 0.4, 0.6], [1.0, 0.95, 0.85]) == pytest.approx(0.5)
-    assert math.isnan(interpolated_knee([0.2, 0.4], [0.5, 0.4]))     # never reaches 90%
-    assert interpolated_knee([0.2, 0.4], [1.0, 0.99]) == 0.4         # beyond the range
+    assert knee([0.2, 0.4, 0.6], [1.0, 0.95, 0.85], interpolate=True) == pytest.approx(0.5)
+    assert math.isnan(knee([0.2, 0.4], [0.5, 0.4], interpolate=True))     # never reaches 90%
+    assert knee([0.2, 0.4], [1.0, 0.99], interpolate=True) == 0.4         # beyond the range
     assert residual(Target("k", "knee", 0.65), 0.70) == pytest.approx(1.0)
     assert residual(Target("r", "ratio", 2.0), 2.3) == pytest.approx(1.0)
     assert residual(Target("n", "knee", math.nan), None) == 0.0      # "never", and never

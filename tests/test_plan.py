@@ -10,37 +10,37 @@ from sim.runs import capacity as pl
 from sim.commands.main import main
 from sim.engine.cluster import simulate
 from sim.config import ConfigError, RunConfig
-from sim.models.cost import SECONDS_PER_YEAR, capex_usd
+from sim.models import cost
+from sim.models.cost import SECONDS_PER_YEAR, capex_usd, cost_inputs
 
 SMALL = pl.Space(prefill_devices=("a100-pcie",), decode_devices=("p150a",), tps=(4,),
                  mechanisms=("GN-HAWK",), max_instances=3, max_candidates=4, max_knees=2)
 
 
-def test_capital_counts_devices_hosts_and_nics_over_the_amortisation():
+def test_the_planner_prices_by_the_profile_with_the_users_catalog_over_it(tmp_path):
     config = RunConfig()          # 4x A100 PCIe prefill, 4x p150a decode, one instance each
-    costs = pl.load_costs()
-    devices = capex_usd(config)             # the devices' prices (sim.models.cost)
-    rest = 2 * costs.host["price_usd"] + 2 * costs.nic["price_usd"]   # one host, NIC each
-    assert pl.capital_usd_per_s(config, costs) == pytest.approx(
-        (devices + rest) / (costs.amortisation_years * SECONDS_PER_YEAR))
-    wide = config.replace(**{"cluster.decode.tp": 8, "cluster.decode.num_instances": 2})
-    hosts, nics = pl._hosts_nics(wide, pl.PlanCosts(host={**costs.host, "devices_per_host": 4},
-                                                    nic=costs.nic))
-    assert (hosts, nics) == (1 + 2 * 2, 3)  # a TP8 instance spans two 4-device hosts
-
-
-def test_a_user_catalog_overrides_key_by_key_and_bad_keys_are_named(tmp_path):
+    profile = pl.cost_profile(config, {})
+    inputs = cost_inputs(profile)             # the paper profile's [cost] (sim.models.cost)
+    rest = 2 * inputs.host["price_usd"] + 2 * inputs.nic["price_usd"]   # one host, NIC each
+    assert cost.capital_usd_per_s(config, profile) == pytest.approx(
+        (capex_usd(config) + rest) / (inputs.lifetime_years * SECONDS_PER_YEAR))
     path = tmp_path / "costs.toml"
-    path.write_text("amortisation_years = 5.0\n[nic]\nprice_usd = 3000.0\n")
-    costs = pl.load_costs(path)
-    assert (costs.amortisation_years, costs.nic["price_usd"]) == (5.0, 3000.0)
-    assert costs.nic["power_w"] == pl.load_costs().nic["power_w"]     # kept
+    path.write_text("lifetime_years = 5.0\n[nic]\nprice_usd = 3000.0\n")
+    mine = cost_inputs(pl.cost_profile(config, pl.load_costs(path)))
+    assert (mine.lifetime_years, mine.nic["price_usd"]) == (5.0, 3000.0)
+    assert mine.nic["power_w"] == inputs.nic["power_w"]                 # kept
     path.write_text("[gpu]\nprice_usd = 1\n")
     with pytest.raises(ConfigError, match=r"costs\.toml: unknown key\(s\) \['gpu'\]"):
         pl.load_costs(path)
     path.write_text("[host]\nprice_usd = -5\n")
-    with pytest.raises(ConfigError, match=r"\[host\] price_usd must be a number >= 0"):
+    with pytest.raises(ConfigError, match=r"costs\.toml: \[cost.host\] price_usd must be a number"):
         pl.load_costs(path)
+
+
+def test_a_runs_summary_and_the_planner_give_one_cost_per_success():
+    config = RunConfig().replace(**{"workload.num_requests": 100})
+    row = pl._evaluate((config, 1.0, 0.9, pl.cost_profile(config, {})))
+    assert row["usd_per_success"] == pytest.approx(simulate(config).summary["usd_per_request"])
 
 
 def test_bounds_prune_before_simulating():

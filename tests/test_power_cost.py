@@ -5,8 +5,9 @@ import math
 import pytest
 
 from sim.config import RunConfig
-from sim.models.cost import (capital_usd_per_s, capex_usd, device_price, run_cost,
-                      tokens_per_s_per_dollar)
+from sim.models.cost import (capital_usd_per_s, capex_usd, cost_inputs, device_price,
+                             hosts_and_nics, run_cost, tokens_per_s_per_dollar, usd_per_success,
+                             with_overrides)
 from sim.models.power import PowerModel, device_energy_j, power_model, run_energy
 
 PROFILE = {
@@ -55,6 +56,48 @@ def test_cost_amortised_and_hourly():
     assert c["usd_per_request"] == pytest.approx((capital + energy) / 20)
     hourly = {**PROFILE, "cost": {**PROFILE["cost"], "model": "hourly"}}
     assert capital_usd_per_s(CONFIG, hourly) == pytest.approx((4 * 2.0 + 4 * 0.5) / 3600)
+
+
+#: PROFILE with servers and NICs priced (sim.models.cost: [cost.host], [cost.nic])
+HOSTED = {**PROFILE, "cost": {**PROFILE["cost"],
+                              "host": {"price_usd": 5000.0, "devices_per_host": 4, "power_w": 300.0},
+                              "nic": {"price_usd": 1000.0, "power_w": 20.0}}}
+
+
+def test_hosts_and_nics_are_capital_and_draw_power_in_one_model():
+    c = run_cost(STATS, SUMMARY, CONFIG, HOSTED)
+    # one TP4 instance a side: one 4-device host and one NIC each
+    capital = (44000 + 2 * 5000 + 2 * 1000) / (365.25 * 86400) * 100
+    energy = (44400 + 36800 + 100 * (2 * 300 + 2 * 20)) / 3.6e6 * 0.1
+    assert c["capital_usd"] == pytest.approx(capital)
+    assert c["energy_usd"] == pytest.approx(energy)
+    assert c["usd_per_request"] == pytest.approx((capital + energy) / 20)
+    # the planner's figure, from a summary, is the same one
+    summary = {**SUMMARY, "energy_j": 44400 + 36800}
+    assert usd_per_success(summary, CONFIG, HOSTED) == pytest.approx(c["usd_per_request"])
+    assert usd_per_success({**summary, "num_finished": 0}, CONFIG, HOSTED) == math.inf
+    # the paper's cost efficiency stays over the devices' prices only
+    assert c["tokens_per_s_per_dollar"] == pytest.approx(50 / 44000)
+
+
+def test_a_tp_group_spans_hosts_and_hourly_rates_cover_them():
+    wide = CONFIG.replace(**{"cluster.decode.tp": 8, "cluster.decode.num_instances": 2})
+    assert hosts_and_nics(wide, cost_inputs(HOSTED)) == (1 + 2 * 2, 3)
+    assert hosts_and_nics(wide, cost_inputs(PROFILE)) == (0, 0)     # not priced: none counted
+    hourly = {**HOSTED, "cost": {**HOSTED["cost"], "model": "hourly"}}
+    assert capital_usd_per_s(CONFIG, hourly) == pytest.approx((4 * 2.0 + 4 * 0.5) / 3600)
+
+
+def test_cost_overrides_lay_over_the_profile_key_by_key_and_bad_ones_are_named():
+    out = with_overrides(HOSTED, {"lifetime_years": 5.0, "nic": {"price_usd": 3000.0}})
+    inputs = cost_inputs(out)
+    assert (inputs.lifetime_years, inputs.nic["price_usd"], inputs.nic["power_w"]) == (5.0, 3000.0, 20.0)
+    assert cost_inputs(HOSTED).lifetime_years == 1.0                     # not changed in place
+    for bad, message in (({"gpu": {}}, r"unknown key\(s\) \['gpu'\]"),
+                         ({"host": {"price_usd": -5}}, r"\[cost.host\] price_usd must be a number >= 0"),
+                         ({"lifetime_years": 0}, r"\[cost\] lifetime_years 0 must be > 0")):
+        with pytest.raises(ValueError, match=message):
+            with_overrides(HOSTED, bad)
 
 
 def test_no_finished_request_gives_nan_cost_per_request():

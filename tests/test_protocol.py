@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 from hardware.protocol import DecodeClient, PrefillServer, recv_msg, send_msg
 from hardware.transport import (
     AuthError, ChecksumMismatch, PeerLost, PlanOutOfBounds, ProtocolError, Region,
@@ -473,3 +473,42 @@ def test_tokens_must_be_long_printable_secrets():
         with pytest.raises(ValueError, match="at least 16 characters"):
             check_token(bad)
     assert check_token(new_token()) and new_token() != new_token()
+
+
+def test_the_router_and_the_workers_share_one_framing():
+    # asyncio streams (the router) and blocking sockets (workers, Algorithm 1): one encoding
+    import asyncio
+
+    from hardware import wire
+
+    class Writer:
+        def __init__(self):
+            self.data = b""
+
+        def write(self, data):
+            self.data += data
+
+    def read(data: bytes, *args):
+        async def go():
+            reader = asyncio.StreamReader()
+            reader.feed_data(data)
+            reader.feed_eof()
+            return await wire.read_frame(reader, *args)
+        return asyncio.run(go())
+
+    msg = {"op": "decode", "rid": "r0", "prompt": [1, 2, 3], "text": "é"}
+    w = Writer()
+    wire.write_frame(w, msg)
+    a, b = socket.socketpair()
+    send_msg(a, msg)
+    assert b.recv(len(w.data) + 1) == w.data == wire.encode(msg)
+    a.close(), b.close()
+    assert read(w.data) == msg
+    hello = struct.pack("!I", wire.MAX_HELLO + 1) + b"x" * (wire.MAX_HELLO + 1)
+    with pytest.raises(ProtocolError, match="worker: message of 65537 B exceeds 65536 B"):
+        read(hello, "worker", wire.MAX_HELLO)
+    for body, why in ((b"[1]", "a JSON list"), (b"{x", "not JSON")):
+        with pytest.raises(ProtocolError, match=why):
+            read(struct.pack("!I", len(body)) + body)
+    with pytest.raises(PeerLost, match="closed by the peer"):
+        read(w.data[:-1])

@@ -178,3 +178,79 @@ def test_cli_bad_trace_row_is_a_named_error(fast_server, tmp_path):
     trace.write_text("arrival_at,num_prompt_tokens,num_output_tokens\n0,5,2\n1,5,zero\n")
     with pytest.raises(ValueError, match=r"t.csv: line 3: field 'num_output_tokens'"):
         run_cli(["replay", "--endpoint", fast_server, "--trace", str(trace)])
+
+
+def test_choose_model_takes_the_only_served_one_and_names_the_served_ones():
+    from traces.replay import ReplayError, choose_model
+
+    assert choose_model(None, ["tiny-llama"]) == "tiny-llama"
+    assert choose_model(None, None) == "default"              # no listing: as before
+    assert choose_model("m", None) == "m"
+    assert choose_model("b", ["a", "b"]) == "b"
+    with pytest.raises(ReplayError, match=r"serves 2 models \(a, b\): name one with --model"):
+        choose_model(None, ["a", "b"])
+    with pytest.raises(ReplayError, match=r"does not serve model 'default'; it serves a"):
+        choose_model("default", ["a"])
+
+
+def test_the_models_url_follows_the_endpoint():
+    for endpoint in ("http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/completions",
+                     "http://h:1/v1/chat/completions"):
+        assert ReplayConfig(endpoint).models_url == "http://h:1/v1/models"
+
+
+def test_a_server_listing_one_model_is_sent_that_model():
+    # as vLLM: any other model name is answered 404 ("The model `default` does not exist")
+    with run_stub_server("--models", "tiny-llama", ttft_s=0.01, tpot_s=0.002) as url:
+        result = replay(make_trace([0.0, 0.01]), ReplayConfig(url, timeout_s=5))
+        assert (result.records["status"] == "ok").all()
+        assert result.summary(2.0, 0.2)["model"] == "tiny-llama"
+        with pytest.raises(ValueError, match="does not serve model 'other'; it serves tiny-llama"):
+            replay(make_trace([0.0]), ReplayConfig(url, model="other", timeout_s=5))
+
+
+def test_the_summary_names_the_most_common_errors(fast_server, capsys):
+    from traces.commands import format_replay_summary
+
+    outputs = np.array([8, FAIL, FAIL, GARBAGE, 8])
+    trace = Trace.from_columns(np.arange(5) * 0.01, np.full(5, 50), outputs)
+    summary = replay(trace, ReplayConfig(fast_server, timeout_s=5)).summary(2.0, 0.2)
+    top = summary["top_errors"]
+    assert [(e["count"], e["status"]) for e in top] == [(2, "failed_error"), (1, "failed_error")]
+    assert "HTTP 500" in top[0]["error"] and "refusing 13 tokens" in top[0]["error"]
+    assert "not a JSON object" in top[1]["error"]
+    text = format_replay_summary(summary)
+    assert "most common errors" in text and "2 x failed_error: HTTP 500" in text
+
+
+def test_a_status_the_server_names_survives_the_http_boundary():
+    lost = 11
+    with run_stub_server("--lost-lengths", str(lost), ttft_s=0.01, tpot_s=0.002) as url:
+        trace = Trace.from_columns(np.array([0.0, 0.01]), np.full(2, 50), np.array([8, lost]))
+        result = replay(trace, ReplayConfig(url, timeout_s=5))
+    assert result.records["status"].tolist() == ["ok", "failed_instance_lost"]
+    assert "decode instance lost" in result.client["error"].iloc[1]
+
+
+def test_cli_reads_a_trace_with_its_own_column_names(fast_server, tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("ts_ms,in,out\n" + "\n".join(f"{10 * i},{30 + i},4" for i in range(5)) + "\n")
+    out = tmp_path / "run"
+    assert run_cli(["replay", "--endpoint", fast_server, "--trace", str(trace), "--columns",
+                    "arrival_at=ts_ms,num_prompt_tokens=in,num_output_tokens=out,time_unit=ms",
+                    "--out", str(out), "--json"]) == 0
+    records = read_records(out / "records.parquet")
+    assert records["num_prompt_tokens"].tolist() == [30, 31, 32, 33, 34]
+    assert records["arrival_at"].tolist() == pytest.approx([0.0, 0.01, 0.02, 0.03, 0.04])
+    with pytest.raises(ValueError, match="--columns arrival_at=COL"):   # unnamed: says how
+        run_cli(["replay", "--endpoint", fast_server, "--trace", str(trace)])
+
+
+def test_cli_columns_flag_names_the_fields_it_takes(capsys):
+    with pytest.raises(SystemExit):
+        run_cli(["replay", "--endpoint", "http://h:1", "--trace", "t.csv", "--columns", "ts"])
+    assert "FIELD=COLUMN pairs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_cli(["replay", "--endpoint", "http://h:1", "--trace", "t.csv", "--columns",
+                 "arrival=ts"])
+    assert "not among" in capsys.readouterr().err

@@ -162,3 +162,24 @@ def test_killed_workers_fail_only_their_requests_and_restarted_ones_rejoin(model
         no_leaks(cluster)
     want = greedy_generate(model, prompts, [5] * 4, kv_quantize=quantize_kv("bfloat8_b"))
     assert [r[0] for r in again] == want
+
+
+def test_a_missing_worker_dependency_names_its_extra_or_the_system_library(monkeypatch):
+    import importlib
+    import importlib.util
+
+    from hardware.serve import cluster
+
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else object())
+    with pytest.raises(cluster.ClusterError, match=r"the model needs torch \(pip install -e "
+                                                   r"'\.\[torch\]'\)"):
+        cluster.check_worker_dependencies()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+
+    def no_verbs(name):
+        raise ImportError("libibverbs.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(importlib, "import_module", no_verbs)
+    with pytest.raises(cluster.ClusterError, match="libibverbs .* scripts/install-rdma-packages"):
+        cluster.check_worker_dependencies()

@@ -13,7 +13,7 @@ from hardware.model.config import tiny_config  # noqa: E402
 from hardware.model.generate import greedy_generate, quantize_kv  # noqa: E402
 from hardware.model.llama import LlamaModel  # noqa: E402
 from hardware.serve.tiled_cache import TiledKVCache, ttnn_backend_available  # noqa: E402
-from hardware.plans import RequestTransfer  # noqa: E402
+from hardware.mechanism_plans import RequestTransfer  # noqa: E402
 from hardware.tiles import quantize  # noqa: E402
 
 

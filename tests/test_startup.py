@@ -3,18 +3,24 @@
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
 from sim.bench import speed as bench
 
 # Imported to register other commands, or heavy libraries a simulation does not need before
 # it starts (pandas comes later, for the records).
 HEAVY = ("pandas", "matplotlib", "scipy", "pyarrow", "torch", "ray")
 NOT_BEFORE_FIRST_EVENT = ("hardware.mechanisms", "hardware.transfer_bench", "sim.paper.calibrate",
-                          "sim.paper.fit", "traces.loaders", "traces.formats") + HEAVY
+                          "sim.paper.fit", "traces.loaders", "traces.formats", "traces.shaping",
+                          "numpy.ma",       # np.unique imports it: Trace's id check sorts instead
+                          "sim.commands.sweep", "sim.commands.validate", "traces.commands",
+                          "hardware.commands") + HEAVY
 
 
 def modules_at_first_event() -> set[str]:
     script = bench.STARTUP_SCRIPT.replace(
-        "print(time.process_time(), time.perf_counter() - wall)",
+        "print(time.process_time(), time.perf_counter() - wall, time.time())",
         "import sys; print(' '.join(sorted(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
@@ -33,10 +39,11 @@ def commands(parser) -> set[str]:
 
 
 def test_other_commands_are_still_registered():
-    from sim.commands.main import BUILT_IN_COMMANDS, build_parser
+    from sim.commands.main import COMMANDS, build_parser
 
-    assert {"simulate", "replay", "real", "paper", "calibrate"} <= commands(build_parser())
-    assert commands(build_parser(extras=False)) == set(BUILT_IN_COMMANDS)
+    names = {name for name, _, _ in COMMANDS}
+    assert {"simulate", "replay", "real", "paper", "calibrate"} <= names
+    assert commands(build_parser()) == names == commands(build_parser(load={"simulate"}))
 
 
 def test_bench_measures_startup_in_a_fresh_interpreter():
@@ -74,3 +81,40 @@ def test_memory_probe_reports_its_own_peak_not_the_process_that_started_it():
     probe_mb = bench.peak_memory_mb(100, 0.5, stream=True)
     assert 10 < probe_mb < 450, probe_mb                        # a 100-request run's own
     del held
+
+
+def test_startup_bench_times_each_kind_in_fresh_processes_and_reports_ratios():
+    import os
+
+    from sim.bench import startup
+
+    walls = startup.one_round(dict(os.environ))
+    assert set(walls) == set(startup.KINDS) and min(walls.values()) > 0
+    report = {"runs": 3, "bytecode": "cached", "python": "3.11.7",
+              "bare_s": 0.04, "help_s": 0.06, "first_event_s": 0.2, "floor_s": 0.16,
+              **{f"{k}_range_s": [0.01, 0.5] for k in startup.KINDS}}
+    report.update(help_per_bare=1.5, first_event_per_bare=5.0, floor_per_bare=4.0)
+    text = startup.format_report(report)
+    assert "hawk --help                       0.060" in text and "1.50  target < 0.3 s" in text
+    assert "5.00  target < 0.25 s" in text and "median of 3 fresh processes" in text
+
+
+def test_startup_bench_refuses_no_runs():
+    from sim.bench import startup
+
+    with pytest.raises(ValueError, match="runs must be >= 1, got 0"):
+        startup.measure(runs=0)
+
+
+@pytest.mark.parametrize("ids, unique", [([2, 0, 1], True), ([5], True), ([], True),
+                                         ([3, 1, 3], False), ([7, 7], False)])
+def test_trace_ids_must_be_unique_in_any_order(ids, unique):
+    from traces.trace import Trace
+
+    n = len(ids)
+    make = lambda: Trace.from_columns(np.arange(n, dtype=float), [10] * n, [5] * n, ids)
+    if unique:
+        assert list(make().request_id) == ids
+    else:
+        with pytest.raises(ValueError, match="request_id values must be unique"):
+            make()

@@ -165,3 +165,51 @@ def test_one_table_of_transfer_mechanisms():
     assert set(mechanisms.MECHANISMS) == {n for n, m in mechanism_specs.MECHANISMS.items()
                                           if m.real}
     assert "GN-PerPage" not in mechanisms.MECHANISMS            # priced, not run on real bytes
+
+
+#: where the knee is computed: its definition over a sweep's points, and its search by simulation
+KNEE_HOMES = ("traces.metrics", "sim.runs.knee")
+#: functions named for the knee that only say or draw it
+KNEE_FORMATTERS = ("describe_knee", "_mark_knee")
+LOOPS = (ast.For, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def knee_computations(module: str, source: str) -> list[str]:
+    """Functions named ``*knee*`` in ``source`` that loop (over points or rates: they compute a
+    knee rather than call one of ``KNEE_HOMES``), formatters aside."""
+    return [f"{module}.{node.name}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and "knee" in node.name.lower() and node.name not in KNEE_FORMATTERS
+            and any(isinstance(inner, LOOPS) for inner in ast.walk(node))]
+
+
+def test_the_knee_is_computed_in_one_home():
+    found = [name for module, path in module_files().items() if module not in KNEE_HOMES
+             for name in knee_computations(module, path.read_text())]
+    assert found == []
+    assert knee_computations("traces.metrics", (ROOT / "traces" / "metrics.py").read_text()) \
+        == ["traces.metrics.knee"]                              # the reader sees the real one
+
+
+def test_the_knee_check_finds_a_copy():
+    copy = ("def find_knee(rates, att):\n    best = None\n    for r, a in zip(rates, att):\n"
+            "        best = r if a >= 0.9 else best\n    return best\n"
+            "def describe_knee(s):\n    return ', '.join(str(x) for x in s)\n"
+            "def knee_rate(config):\n    return knee(config)\n")
+    assert knee_computations("m", copy) == ["m.find_knee"]
+
+
+def test_hawk_calibrate_is_built_in_one_command_module():
+    """The fits only fit: the flags and the dispatch are ``sim.commands.calibrate``'s."""
+    for module in ("sim.paper.calibrate", "sim.validation.fit_profile"):
+        source = module_files()[module].read_text()
+        tree = ast.parse(source)
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert not {"register", "add_parser", "cmd_calibrate", "_handler"} & names, module
+        assert "argparse" not in imported_names(module, module_files()[module]), module
+        assert "add_argument" not in source and "print(" not in source, module
+    from sim.commands.main import COMMANDS
+
+    assert [m for name, m, _ in COMMANDS if name == "calibrate"] == ["sim.commands.calibrate"]
+    main = module_files()["sim.commands.main"].read_text()
+    assert "_add_measured_calibration" not in main and "fit_profile" not in main

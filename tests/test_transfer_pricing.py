@@ -8,7 +8,7 @@ from hardware import catalog
 from hardware.catalog import ModelSpec
 from hardware.dram import DramConfig
 from hardware.kv_layout import GpuKVSpec, TTKVSpec
-from hardware.plans import PLAN_BUILDERS, RequestTransfer
+from hardware.mechanism_plans import PLAN_BUILDERS, RequestTransfer
 from sim.models.transfer import (MECHANISMS, InstanceFacts, MechanismPricing, TransferParams,
                           host_slowdown, isolated_latency, plan_counts, pricing_for,
                           transfer_params)

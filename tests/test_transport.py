@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 from hardware.transport import (
     PeerLost, PlanOutOfBounds, Region, RegistrationError, TransferFailed, TransferTimeout,
     TransportUnavailable, make_transport,

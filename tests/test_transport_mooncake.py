@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 from hardware.transport import (
     PeerLost, PlanOutOfBounds, Region, TransferFailed, TransportUnavailable, make_transport,
 )
@@ -227,3 +227,16 @@ def test_local_only_regions_are_not_registered_with_the_engine(local):
     finally:
         other.close()
     local.release(region)
+
+
+def test_the_engine_keeps_its_info_and_warning_lines_off_the_terminal():
+    code = ("from hardware.transport import make_transport\n"
+            "t = make_transport('mooncake', host='127.0.0.1', protocol='tcp')\n"
+            "t.close()\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "MC_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    chatter = [line for line in out.stderr.splitlines() if line[:1] in "IW" and
+               line[1:5].isdigit()]
+    assert chatter == []                  # glog's I/W lines: topology, metrics, malloc notes

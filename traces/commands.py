@@ -15,6 +15,8 @@ first ``--num-requests``, then send it (``traces.replay``). SLOs: ``--ttft-slo``
 
 from __future__ import annotations
 
+import argparse
+
 import math
 import os
 import sys
@@ -24,6 +26,22 @@ from traces.jsonout import dumps, writable_dir
 
 DEFAULT_TTFT_SLO_S = 2.0
 DEFAULT_TPOT_SLO_S = 0.2
+
+
+def add_columns_arg(p) -> None:
+    """``--columns``: which columns of a csv/jsonl/parquet trace hold arrival and lengths."""
+    from traces.formats import ColumnMapping
+
+    def columns(text: str) -> ColumnMapping:
+        try:
+            return ColumnMapping.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    p.add_argument("--columns", type=columns, metavar="FIELD=COLUMN,...",
+                   help="columns of a csv/jsonl/parquet trace (default arrival_at, "
+                   "num_prompt_tokens, num_output_tokens, seconds), e.g. "
+                   "arrival_at=ts,num_prompt_tokens=in,num_output_tokens=out,time_unit=ms")
 
 
 def register(subparsers) -> None:
@@ -40,6 +58,7 @@ def register(subparsers) -> None:
                    "(azure-llm-2023-conv.csv, azure-llm-2023-code.csv)")
     p.add_argument("--trace-format", choices=FORMATS, help="default: detected from the header")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed rows, reported")
+    add_columns_arg(p)
     p.add_argument("--filter", action="append", default=[], metavar="COLUMN=VALUE",
                    help="keep rows whose COLUMN equals VALUE (repeatable; e.g. Model=ChatGPT)")
     p.add_argument("--window", metavar="START:END", help="seconds of the trace to keep")
@@ -50,7 +69,8 @@ def register(subparsers) -> None:
     p.add_argument("--cap-mode", choices=CAP_MODES, default="truncate")
     p.add_argument("--seed", type=int, default=0, help="seed for --sample")
     p.add_argument("--num-requests", type=int, help="send only the first N (after shaping)")
-    p.add_argument("--model", default="default", help="model name sent in each request")
+    p.add_argument("--model", help="model name sent in each request (default: the endpoint's "
+                   "only model on /v1/models; 'default' where it lists none)")
     p.add_argument("--api", choices=("completions", "chat"), default="completions")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request limit, seconds")
     p.add_argument("--prompt-token-ids", metavar="LOW:HIGH",
@@ -113,6 +133,7 @@ def prepare_trace(args):
     from traces.shaping import ShapeSpec, shape
 
     trace, report = load_trace(args.trace, args.trace_format, skip_bad=args.skip_bad,
+                               mapping=args.columns,
                                filters=_filters(args.filter))
     start, end = _window(args.window)
     spec = ShapeSpec(start_s=start, end_s=end, sample_fraction=args.sample,
@@ -187,7 +208,8 @@ def format_replay_summary(summary: dict) -> str:
         value = summary.get(key)
         return "-" if value is None else f"{value:.4g}"
 
-    rows = [("endpoint", summary["endpoint"]), ("requests", summary["num_requests"]),
+    rows = [("endpoint", summary["endpoint"]), ("model", summary.get("model", "-")),
+            ("requests", summary["num_requests"]),
             ("finished ok", summary["num_finished"]), ("failed", summary["num_failed"]),
             ("SLO attainment", "-" if summary["slo_attainment"] is None else
              f"{100 * summary['slo_attainment']:.1f}% (TTFT {summary['ttft_slo_s']:g} s, "
@@ -203,6 +225,9 @@ def format_replay_summary(summary: dict) -> str:
              ("statuses", _counts(summary["statuses"])),
              ("finish reasons", _counts(summary.get("finish_reasons", {}))),
              ("token counts from", _counts(summary.get("token_count_sources", {})))]
+    for k, item in enumerate(summary.get("top_errors") or []):
+        rows.append(("most common errors" if k == 0 else "",
+                     f"{item['count']} x {item['status']}: {item['error'][:120]}"))
     if summary.get("num_usage_mismatch"):
         rows.append(("usage disagreeing with the stream", summary["num_usage_mismatch"]))
     if summary.get("server_ttft_p50_s") is not None:

@@ -57,6 +57,19 @@ class ColumnMapping:
             raise ValueError(f"mapping keys {sorted(unknown)} are not among {sorted(allowed)}")
         return cls(**value)
 
+    @classmethod
+    def parse(cls, text: str) -> "ColumnMapping":
+        """``--columns`` text: ``arrival_at=ts,num_prompt_tokens=in,time_unit=ms`` (the keys
+        are this class's fields; those not named keep their defaults)."""
+        pairs = {}
+        for item in (i.strip() for i in text.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip() or not value.strip():
+                raise ValueError(f"--columns takes FIELD=COLUMN pairs separated by commas "
+                                 f"(fields {sorted(cls.__dataclass_fields__)}), got {item!r}")
+            pairs[key.strip()] = value.strip()
+        return cls.of(pairs)
+
     def fields(self) -> list[tuple[str, str]]:
         """(canonical name, source column) pairs, in validation order."""
         pairs = [("arrival_at", self.arrival_at), ("num_prompt_tokens", self.num_prompt_tokens),
@@ -115,7 +128,9 @@ def column_spec(fmt: str, raw: RawRows, mapping: ColumnMapping, path: Path) -> C
         spec = _SPECS.get(fmt, mapping)
     missing = [col for _, col in spec.fields() if col not in raw.columns]
     if missing:
-        hint = " (give mapping= to name the columns)" if fmt in ("csv", "jsonl", "parquet") else ""
+        hint = (" (name the columns: --columns arrival_at=COL,num_prompt_tokens=COL,"
+                "num_output_tokens=COL[,time_unit=ms], or mapping= in Python)"
+                if fmt in ("csv", "jsonl", "parquet") else "")
         raise TraceFormatError(path, f"{raw.unit} 1", missing[0],
                                f"column missing; found {sorted(raw.columns)}{hint}")
     return spec

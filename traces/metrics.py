@@ -9,7 +9,8 @@ tokens delivered.
 - SLO attainment = share of *all* arrived requests with status ``ok`` meeting both the TTFT
   and the TPOT SLO (failed, rejected and unfinished requests count as misses).
 - Output throughput = tokens delivered by ok requests / (last completion - first arrival).
-- Goodput = the highest rate with attainment >= target (``knee``, over a sweep).
+- Goodput = the highest rate with attainment >= target (``knee``, over a sweep's points;
+  searched by simulation in ``sim.runs.knee``).
 - TTFT by stage, for ok requests: queueing (prefill_start - a), prefill (prefill_end -
   prefill_start), transfer wait (transfer_start - prefill_end: the KV cache waits for the
   decode side to pull it), transfer (transfer_end - transfer_start) and first decode step
@@ -188,13 +189,33 @@ def failure_reasons(statuses: dict[str, int]) -> list[str]:
             for name, n in statuses.items() if name != Status.OK.value and n]
 
 
-def knee(rates, attainments, target: float = 0.9) -> float:
-    """Highest swept rate whose attainment >= ``target``; NaN when none reaches it."""
-    best = math.nan
-    for rate, value in sorted(zip(rates, attainments)):
-        if value >= target:
-            best = rate
-    return best
+def knee(rates, attainments, target: float = 0.9, interpolate: bool = False) -> float:
+    """The knee of a sweep: the highest rate whose attainment is >= ``target`` (goodput).
+
+    The points are taken in rate order. Attainment need not fall monotonically: a noisy dip
+    below the target followed by a pass at a higher rate keeps the higher rate (the highest
+    passing rate, not the first crossing). A NaN attainment is a miss.
+
+    - ``interpolate=False``: that swept rate itself (``hawk sweep``, ``hawk paper``).
+    - ``interpolate=True``: linear between it and the next swept rate (which misses), where
+      attainment crosses ``target``, so the knee moves smoothly with attainment (the paper
+      fit's objective, ``sim.paper.calibrate``). It lies in [that rate, the next rate).
+    - No rate passes: NaN. Every rate passes: the highest swept rate (the knee lies beyond the
+      range; the caller says so, e.g. ``knee_beyond_range`` in ``sim.runs.sweep``).
+
+    A search for the knee by simulating at chosen rates is ``sim.runs.knee``."""
+    points = sorted(zip(rates, attainments), key=lambda point: point[0])
+    passing = [k for k, (_, value) in enumerate(points) if value >= target]
+    if not passing:
+        return math.nan
+    k = passing[-1]
+    rate, value = points[k]
+    if not interpolate or k == len(points) - 1:
+        return rate
+    next_rate, next_value = points[k + 1]
+    if not math.isfinite(next_value):
+        return rate
+    return rate + (value - target) / (value - next_value) * (next_rate - rate)
 
 
 def _span(frame) -> float:

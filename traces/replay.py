@@ -44,7 +44,16 @@ client. Statuses:
 * ``failed_timeout``: no completion within ``timeout_s`` of the send;
 * ``failed_client``: the client ran out of a resource (too many open files, no free port,
   no memory): the server never saw the request, so it is not the server's failure;
-* ``failed_error``: HTTP error, error event, malformed stream, connection refused, no tokens.
+* ``failed_error``: HTTP error, error event, malformed stream, connection refused, no tokens;
+* a server's own status: an error (HTTP body or stream event) whose ``error`` object carries
+  ``hawk_status``, a failed status of ``traces.schema.Status`` (``hawk real serve``'s router
+  sends one, e.g. ``failed_instance_lost``), is recorded with that status, not as
+  ``failed_error``.
+
+The model sent in each request is ``ReplayConfig.model``; left unset, it is the endpoint's
+only model on ``GET /v1/models`` (vLLM, llama-server and ``hawk real serve`` list theirs), or
+``"default"`` where the endpoint lists none. A model the endpoint does not list, or an unset
+model where it lists several, is refused before anything is sent, naming the served models.
 
 A request's failure is recorded, never raised. Inter-token latencies go to a separate table
 (request_id, token_index, latency_s); per-request client facts (due and send instants, lag,
@@ -56,6 +65,7 @@ server's own numbers where it reports them: prompt tokens, cached prompt tokens,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import math
@@ -81,7 +91,7 @@ class ReplayConfig:
     """Where and how to send. ``endpoint`` is a base URL or a full ``.../completions`` URL."""
 
     endpoint: str
-    model: str = "default"
+    model: str | None = None          # None: the endpoint's only model (``resolve_model``)
     api: str = "completions"
     timeout_s: float = 300.0
     prompt: PromptSpec = PromptSpec()
@@ -117,10 +127,66 @@ class ReplayConfig:
     def chat(self) -> bool:
         return self.url.endswith("/chat/completions")
 
+    @property
+    def models_url(self) -> str:
+        """``GET`` here lists the served models (OpenAI's ``/v1/models``)."""
+        base = self.url.removesuffix("/completions").removesuffix("/chat").removesuffix("/v1")
+        return base + "/v1/models"
+
+
+class ReplayError(ValueError):
+    """A replay that cannot start: raised before any request is sent."""
+
+
+#: the model name sent where the endpoint lists none
+FALLBACK_MODEL = "default"
+
+
+def choose_model(asked: str | None, served: list[str] | None) -> str:
+    """The model to send: ``asked`` if the endpoint serves it (or lists nothing), else the
+    endpoint's only model; ``ReplayError`` naming the served models otherwise."""
+    if served is None or not served:
+        return asked or FALLBACK_MODEL
+    if asked is None:
+        if len(served) == 1:
+            return served[0]
+        raise ReplayError(f"the endpoint serves {len(served)} models ({', '.join(served)}): "
+                          f"name one with --model")
+    if asked not in served:
+        raise ReplayError(f"the endpoint does not serve model {asked!r}; it serves "
+                          f"{', '.join(served)} (--model)")
+    return asked
+
+
+async def served_models(http, config: ReplayConfig) -> list[str] | None:
+    """The ids ``GET /v1/models`` lists, or None where the endpoint answers no such list."""
+    try:
+        async with http.get(config.models_url) as response:
+            if response.status != 200:
+                return None
+            listing = await response.json(content_type=None)
+    except Exception:  # noqa: BLE001  (no listing is an answer too: the request decides)
+        return None
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+
+
+def server_status(error) -> Status | None:
+    """The failed status a server names in its error object (``hawk_status``), if any."""
+    if not isinstance(error, dict):
+        return None
+    try:
+        status = Status(error.get("hawk_status"))
+    except ValueError:
+        return None
+    return None if status is Status.OK else status
+
 
 def request_body(config: ReplayConfig, prompt: str | list[int], num_output_tokens: int) -> dict:
-    """The JSON body of one streaming request."""
-    body = {"model": config.model, "max_tokens": num_output_tokens, "stream": True,
+    """The JSON body of one streaming request (``config.model`` already chosen)."""
+    body = {"model": config.model or FALLBACK_MODEL, "max_tokens": num_output_tokens, "stream": True,
             "stream_options": {"include_usage": True}, "temperature": 0.0}
     if config.ignore_eos:
         body.update(ignore_eos=True, min_tokens=num_output_tokens)
@@ -178,6 +244,7 @@ class ReplayResult:
     itl: object       # DataFrame: request_id, token_index, latency_s
     client: object    # DataFrame: request_id, due_at, sent_at, send_lag_s, http_status, ...
     endpoint: str
+    model: str = FALLBACK_MODEL
 
     def summary(self, ttft_slo_s: float, tpot_slo_s: float) -> dict:
         """``traces.metrics.summarize`` plus send lag, ITL, count sources and server timings."""
@@ -210,6 +277,11 @@ async def replay_async(trace: Trace, config: ReplayConfig) -> ReplayResult:
 
     check_schedule(trace, config)
     loop = asyncio.get_running_loop()
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    async with aiohttp.ClientSession(headers=headers,
+                                     timeout=aiohttp.ClientTimeout(total=10)) as http:
+        served = await served_models(http, config)
+    config = dataclasses.replace(config, model=choose_model(config.model, served))
     t0 = loop.time() + config.start_delay_s
     progress = [_Progress(float(a), int(n))
                 for a, n in zip(trace.arrival_at, trace.num_output_tokens)]
@@ -220,7 +292,6 @@ async def replay_async(trace: Trace, config: ReplayConfig) -> ReplayResult:
         ctx.trace_request_ctx.sent_at = loop.time() - t0
 
     trace_config.on_request_headers_sent.append(on_headers_sent)
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, headers=headers,
                                      timeout=aiohttp.ClientTimeout(total=None),
@@ -234,7 +305,7 @@ async def replay_async(trace: Trace, config: ReplayConfig) -> ReplayResult:
                                 state.num_asked)
             tasks.append(loop.create_task(_send(http, config, body, state, t0)))
         await asyncio.gather(*tasks)
-    return _result(trace, progress, config.url)
+    return _result(trace, progress, config.url, config.model)
 
 
 async def _send(http, config: ReplayConfig, body: dict, state: _Progress, t0: float) -> None:
@@ -321,8 +392,10 @@ async def _stream(http, config: ReplayConfig, body: dict, state: _Progress, t0: 
     async with http.post(config.url, json=body, trace_request_ctx=state) as response:
         state.http_status = response.status
         if response.status != 200:
-            text = (await response.text())[:200]
-            state.status, state.error = Status.FAILED_ERROR, f"HTTP {response.status}: {text}"
+            full = await response.text()
+            text = full[:200]
+            state.status = _named_status(full) or Status.FAILED_ERROR
+            state.error = f"HTTP {response.status}: {text}"
             if isinstance(body.get("prompt"), list) and 400 <= response.status < 500:
                 state.error = ("the server refused a token-id prompt; it may accept only "
                                "string prompts (replay with word prompts instead): "
@@ -340,9 +413,18 @@ async def _stream(http, config: ReplayConfig, body: dict, state: _Progress, t0: 
             if not isinstance(chunk, dict):
                 raise ValueError(f"stream event is not a JSON object: {payload[:80]!r}")
             if "error" in chunk:
-                state.status, state.error = Status.FAILED_ERROR, str(chunk["error"])[:300]
+                state.status = server_status(chunk["error"]) or Status.FAILED_ERROR
+                state.error = str(chunk["error"])[:300]
                 return
             read_chunk(chunk, state, loop.time() - t0)
+
+
+def _named_status(text: str) -> Status | None:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    return server_status(body.get("error")) if isinstance(body, dict) else None
 
 
 def read_chunk(chunk: dict, state: _Progress, now: float) -> None:
@@ -380,7 +462,8 @@ def _int_or_none(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _result(trace: Trace, progress: list[_Progress], endpoint: str) -> ReplayResult:
+def _result(trace: Trace, progress: list[_Progress], endpoint: str,
+            model: str) -> ReplayResult:
     import pandas as pd
 
     n = len(trace)
@@ -428,4 +511,4 @@ def _result(trace: Trace, progress: list[_Progress], endpoint: str) -> ReplayRes
         "server_cached_tokens": pd.array([p.cached_tokens for p in progress], dtype="Int64"),
         "server_prompt_ms": timing["prompt_ms"], "server_predicted_ms": timing["predicted_ms"],
     })
-    return ReplayResult(records, itl, client, endpoint)
+    return ReplayResult(records, itl, client, endpoint, model)

@@ -32,7 +32,8 @@ def replay_summary(result, ttft_slo_s: float, tpot_slo_s: float) -> dict:
     out.update(itl_p50_s=p[50], itl_p99_s=p[99])
     ok = (records["status"] == Status.OK.value).to_numpy()
     short = ok & (records["num_generated_tokens"] < records["num_output_tokens"]).to_numpy()
-    out.update(num_short_outputs=int(short.sum()), endpoint=result.endpoint, mode="replay")
+    out.update(num_short_outputs=int(short.sum()), endpoint=result.endpoint, mode="replay",
+               model=result.model, top_errors=top_errors(records, client))
     out["token_count_sources"] = dict(sorted(Counter(client["token_count_source"]).items()))
     out["finish_reasons"] = dict(sorted(Counter(r or "none" for r in client["finish_reason"])
                                         .items()))
@@ -42,6 +43,18 @@ def replay_summary(result, ttft_slo_s: float, tpot_slo_s: float) -> dict:
     if tenants is not None:
         out["tenants"] = tenants
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+
+
+def top_errors(records, client, limit: int = 5) -> list[dict]:
+    """The most common error texts of failed requests, most frequent first (ties by text):
+    ``[{"error": text, "status": status, "count": n}, ...]``, at most ``limit``."""
+    from traces.schema import Status
+
+    failed = (records["status"] != Status.OK.value).to_numpy()
+    counts = Counter(zip(client["error"].to_numpy()[failed], records["status"].to_numpy()[failed]))
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+    return [{"error": text or "(no error text)", "status": status, "count": n}
+            for (text, status), n in ranked]
 
 
 def _server_numbers(records, client, ok: np.ndarray) -> dict:

@@ -26,6 +26,11 @@ them) or for every request:
 ``timings``                 llama-server's ``timings`` in the last chunk: prompt and predicted
                             ms and counts, and ``cache_n``, the prompt tokens shared with the
                             previous request's prompt (one slot's prefix cache)
+``lost_lengths``            HTTP 503 whose error names a status (``hawk_status``:
+                            ``failed_instance_lost``), as ``hawk real serve``'s router does
+``models``                  ``GET /v1/models`` lists these, and a request naming another model
+                            gets HTTP 404 ("The model `x` does not exist.", as vLLM answers);
+                            unset, there is no listing and any model name is served
 ==========================  ==================================================================
 
 It exists to check the replay client against known delays and behaviours, and as a
@@ -45,7 +50,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-LENGTH_SETS = ("fail", "hang", "garbage", "cut", "drop", "bad_usage")
+LENGTH_SETS = ("fail", "hang", "garbage", "cut", "drop", "bad_usage", "lost")
 MERGED = (" \u00e9",)   # one chunk, two tokens: the bytes c3 and a9 of one character
 
 
@@ -59,6 +64,8 @@ class StubConfig:
     cut_lengths: frozenset[int] = frozenset()
     drop_lengths: frozenset[int] = frozenset()
     bad_usage_lengths: frozenset[int] = frozenset()
+    lost_lengths: frozenset[int] = frozenset()
+    models: tuple[str, ...] | None = None
     merge_utf8: bool = False
     usage: bool = True
     string_prompts_only: bool = False
@@ -79,8 +86,16 @@ def make_app(config: StubConfig):
         body = await request.json()
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         chat = request.path.endswith("/chat/completions")
+        if config.models is not None and body.get("model") not in config.models:
+            return web.json_response({"error": {
+                "message": f"The model `{body.get('model')}` does not exist.",
+                "type": "NotFoundError", "code": 404}}, status=404)
         if n in config.fail_lengths:
             return web.json_response({"error": {"message": f"refusing {n} tokens"}}, status=500)
+        if n in config.lost_lengths:
+            return web.json_response({"error": {"message": "decode instance lost",
+                                                "hawk_status": "failed_instance_lost"}},
+                                     status=503)
         if config.string_prompts_only and isinstance(body.get("prompt"), list):
             return web.json_response({"detail": [{"loc": ["body", "prompt"],
                                                   "msg": "str type expected"}]}, status=422)
@@ -125,7 +140,13 @@ def make_app(config: StubConfig):
         await response.write_eof()
         return response
 
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model"} for name in config.models]})
+
     app = web.Application()
+    if config.models is not None:
+        app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
     return app
@@ -206,6 +227,7 @@ def main(argv=None) -> None:
     parser.add_argument("--string-prompts-only", action="store_true",
                         help="HTTP 422 for token-id prompts")
     parser.add_argument("--timings", action="store_true", help="llama-server-style timings")
+    parser.add_argument("--models", nargs="+", help="served model names (GET /v1/models)")
     args = parser.parse_args(argv)
     try:
         import aiohttp  # noqa: F401
@@ -215,7 +237,8 @@ def main(argv=None) -> None:
                         **{f"{n}_lengths": frozenset(getattr(args, f"{n}_lengths"))
                            for n in LENGTH_SETS},
                         merge_utf8=args.merge_utf8, usage=not args.no_usage,
-                        string_prompts_only=args.string_prompts_only, timings=args.timings)
+                        string_prompts_only=args.string_prompts_only, timings=args.timings,
+                        models=tuple(args.models) if args.models else None)
     try:
         asyncio.run(serve(config, args.host, args.port))
     except KeyboardInterrupt:

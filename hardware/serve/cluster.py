@@ -23,6 +23,31 @@ from dataclasses import dataclass, field
 
 from hardware.wire import TOKEN_ENV, new_token
 
+#: what the workers import, the extra that installs it and what for
+WORKER_DEPENDENCIES = (("torch", "torch", "the model"), ("aiohttp", "replay", "the router's HTTP"),
+                       ("mooncake.engine", "transfer", "the KV transfer (Mooncake over TCP)"))
+
+
+def check_worker_dependencies() -> None:
+    """``ClusterError`` naming the first missing dependency, its extra and what needs it
+    (torch and aiohttp are looked up, not imported; Mooncake is imported, since its engine
+    fails to load without the system's libibverbs)."""
+    import importlib
+    import importlib.util
+
+    for module, extra, role in WORKER_DEPENDENCIES:
+        try:
+            if "." in module:
+                importlib.import_module(module)
+            elif importlib.util.find_spec(module) is None:
+                raise ImportError(f"No module named {module!r}")
+        except ImportError as exc:
+            if "libibverbs" in str(exc):
+                raise ClusterError(f"{role} needs the system library libibverbs (Mooncake loads "
+                                   f"it even for TCP): bash scripts/install-rdma-packages.sh, "
+                                   f"or install libibverbs1") from None
+            raise ClusterError(f"{role} needs {module.split('.')[0]} "
+                               f"(pip install -e '.[{extra}]')") from None
 
 
 class ClusterError(RuntimeError):
@@ -65,12 +90,7 @@ class LocalCluster:
 
     def start(self) -> "LocalCluster":
         c = self.config
-        import importlib.util
-        for module, extra in (("torch", "test"), ("aiohttp", "replay"),
-                              ("mooncake", "transfer")):
-            if importlib.util.find_spec(module) is None:
-                raise ClusterError(f"the workers need {module} (pip install -e '.[{extra}]'); "
-                                   f"their KV moves over Mooncake TCP")
+        check_worker_dependencies()
         cmd = [sys.executable, "-m", "hardware.serve.router", "--host", c.host]
         if c.model:
             cmd += ["--model", c.model]

@@ -37,8 +37,8 @@ from hardware.dram import DramConfig
 from hardware.kv_layout import GpuKVSpec, TTKVSpec, blocks_for
 from hardware.mechanisms import MECHANISMS, contiguous_plan, relayout_to_banks, send_payload, \
     tokens_view
-from hardware.plan import TransferPlan
-from hardware.plans import RequestTransfer, hawk_plan
+from hardware.transfer_plan import TransferPlan
+from hardware.mechanism_plans import RequestTransfer, hawk_plan
 from hardware.transport.base import Prepared, Transport
 
 TILED = ("GN-Host", "GN-Direct", "GN-HAWK")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+from traces.schema import Status
+
 MAX_BODY = 64 << 20          # bytes of one request body
 
 def make_app(router):            # a hardware.serve.router.Router
@@ -77,8 +79,8 @@ def make_app(router):            # a hardware.serve.router.Router
                     break
             await resp.write(b"data: [DONE]\n\n")
         except (ConnectionError, asyncio.CancelledError):
-            if r.status == "unfinished":
-                router._fail(r, "failed_error", "client went away")
+            if r.status == Status.UNFINISHED.value:
+                router._fail(r, Status.FAILED_ERROR.value, "client went away")
             raise
         return resp
 
@@ -96,7 +98,7 @@ def make_app(router):            # a hardware.serve.router.Router
     app.router.add_get("/health", lambda req: web.json_response(
         {"prefill": len(router.alive("prefill")), "decode": len(router.alive("decode")),
          "requests": len(router.requests),
-         "done": sum(r.status != "unfinished" for r in router.requests.values())}))
+         "done": sum(r.status != Status.UNFINISHED.value for r in router.requests.values())}))
     app.router.add_get("/hawk/requests", requests_log)
     app.router.add_get("/hawk/workers", workers)
     return app

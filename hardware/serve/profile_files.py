@@ -11,6 +11,9 @@ import shutil
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
+
+#: the profile directory's format version, written in [meta] format (sim.models.profile_dir
+#: reads only this one)
 FORMAT = 1
 KEYS = {"prefill": ("batch_tokens", "num_seqs"),
         "decode": ("batch", "context_per_request", "total_context"),

@@ -96,10 +96,10 @@ def measure_loop(out: Path, decode_rows: list[dict], serving, mechanism: str, de
 def _transfers(records: Path) -> list[tuple]:
     """One row per transferred request: ``transfer,1,tokens,tokens,seconds`` (its pull as the
     decode worker stamped it, beside the other processes)."""
-    from traces.schema import read_records
+    from traces.schema import Status, read_records
 
     frame = read_records(records)
-    done = frame[frame["status"] == "ok"].dropna(subset=["transfer_start_at", "transfer_end_at"])
+    done = frame[frame["status"] == Status.OK.value].dropna(subset=["transfer_start_at", "transfer_end_at"])
     return [("transfer", 1, int(n), int(n), repr(float(b - a))) for n, a, b in zip(
         done["num_prompt_tokens"], done["transfer_start_at"], done["transfer_end_at"])
         if b > a]

@@ -27,17 +27,16 @@ import hashlib
 import hmac
 import itertools
 import json
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
 
-from hardware.wire import token_from_env
+from hardware.transport.base import TransportError
+from hardware.wire import MAX_HELLO, read_frame, token_from_env, write_frame
 from policies import resolve
 from policies.routing import ROUTING
+from traces.schema import Status
 
-LOST = "failed_instance_lost"       # traces.schema.Status, as the simulator's faults name it
-MAX_FRAME = 64 << 20
 
 
 def prompt_key(prompt: list[int]) -> str:
@@ -49,21 +48,6 @@ def text_to_ids(text: str, vocab_size: int) -> list[int]:
     """Word-level ids for a text prompt (no tokenizer: a stable hash of each word)."""
     return [int(hashlib.md5(w.encode()).hexdigest()[:8], 16) % vocab_size
             for w in text.split()] or [0]
-
-
-async def read_frame(reader: asyncio.StreamReader) -> dict:
-    (n,) = struct.unpack("!I", await reader.readexactly(4))
-    if n > MAX_FRAME:
-        raise ValueError(f"control frame of {n} B")
-    msg = json.loads(await reader.readexactly(n))
-    if not isinstance(msg, dict):
-        raise ValueError("control frame is not a JSON object")
-    return msg
-
-
-def write_frame(writer: asyncio.StreamWriter, msg: dict) -> None:
-    body = json.dumps(msg).encode()
-    writer.write(struct.pack("!I", len(body)) + body)
 
 
 @dataclass
@@ -85,7 +69,7 @@ class Tracked:
     max_tokens: int
     arrival_at: float
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    status: str = "unfinished"
+    status: str = Status.UNFINISHED.value
     error: str = ""
     prefill: int = -1
     decode: int = -1
@@ -110,7 +94,7 @@ class Router:
     # -- workers ----------------------------------------------------------------------------
     async def on_worker(self, reader, writer) -> None:
         try:
-            hello = await asyncio.wait_for(read_frame(reader), 10)
+            hello = await asyncio.wait_for(read_frame(reader, "worker", MAX_HELLO), 10)
         except Exception:  # noqa: BLE001  (garbage or silence: hang up)
             writer.close()
             return
@@ -131,7 +115,7 @@ class Router:
                 if not hmac.compare_digest(str(msg.get("token", "")).encode(), self.key):
                     break
                 self.on_event(w, msg)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError,
+        except (TransportError, ConnectionError, ValueError,
                 asyncio.CancelledError):       # a worker gone, or the router shutting down
             pass
         finally:
@@ -153,8 +137,8 @@ class Router:
         for r in self.requests.values():
             mine = (r.prefill == w.index and r.stage == "prefill") if w.role == "prefill" \
                 else (r.decode == w.index and r.stage in ("transfer", "decode"))
-            if mine and r.status == "unfinished":
-                self._fail(r, LOST, f"{w.role} worker {w.index} lost")
+            if mine and r.status == Status.UNFINISHED.value:
+                self._fail(r, Status.FAILED_INSTANCE_LOST.value, f"{w.role} worker {w.index} lost")
         if w.role == "prefill":
             self._announce_peers()
 
@@ -168,20 +152,20 @@ class Router:
         if ev == "tokens":
             for rid, tok in msg["items"]:
                 r = self.requests.get(rid)
-                if r is not None and r.status == "unfinished":
+                if r is not None and r.status == Status.UNFINISHED.value:
                     r.instants.setdefault("first_token_at", msg["at"])
                     r.num_generated += 1
                     r.events.put_nowait(("token", tok))
             for rid in msg["finished"]:
                 r = self.requests.get(rid)
-                if r is not None and r.status == "unfinished":
+                if r is not None and r.status == Status.UNFINISHED.value:
                     r.instants["finished_at"] = msg["at"]
-                    r.status, r.stage = "ok", "done"
+                    r.status, r.stage = Status.OK.value, "done"
                     w.load -= r.max_tokens
                     r.events.put_nowait(("done", None))
             return
         r = self.requests.get(msg.get("rid"))
-        if r is None or r.status != "unfinished":
+        if r is None or r.status != Status.UNFINISHED.value:
             if ev == "prefilled" and r is not None:   # failed meanwhile: free the held KV
                 write_frame(w.writer, {"op": "drop", "rid": msg["rid"]})
             return
@@ -192,7 +176,7 @@ class Router:
             d = self.workers["decode"].get(r.decode)
             if d is None or not d.alive:
                 write_frame(w.writer, {"op": "drop", "rid": r.rid})
-                self._fail(r, LOST, f"decode worker {r.decode} lost")
+                self._fail(r, Status.FAILED_INSTANCE_LOST.value, f"decode worker {r.decode} lost")
                 return
             r.stage = "transfer"
             write_frame(d.writer, {"op": "decode", "rid": r.rid, "prefill": r.prefill,
@@ -203,7 +187,7 @@ class Router:
                               transfer_end_at=msg["transfer_end_at"])
             r.kv_bytes, r.stage = int(msg["kv_bytes"]), "decode"
         elif ev == "failed":
-            self._fail(r, str(msg.get("status", "failed_error")), str(msg.get("error", "")))
+            self._fail(r, str(msg.get("status", Status.FAILED_ERROR.value)), str(msg.get("error", "")))
 
     def _fail(self, r: Tracked, status: str, error: str) -> None:
         owed = ((("prefill", r.prefill, len(r.prompt)),) if r.stage == "prefill" else ()) + (

@@ -33,6 +33,7 @@ import threading
 import time
 
 from hardware.wire import recv_msg, send_msg, token_from_env
+from traces.schema import Status
 
 RETRY_S = 0.02
 
@@ -122,6 +123,9 @@ def run_prefill(args, token: str) -> None:
     from hardware.transport import make_transport
 
     model = load_model(args)
+    if args.mechanism == "GN-HAWK" and model.device.type == "cpu":
+        from hardware import layout_kernel
+        layout_kernel.warm_up()             # before joining: no request waits on a compile
     engine = PrefillEngine(model, args.num_blocks, args.max_batch_tokens, args.max_batch_size)
     transport = make_transport(args.transport, host=args.host)
     send_buffer = np.zeros(int(args.send_buffer_mb * (1 << 20)), np.uint8)
@@ -145,7 +149,7 @@ def run_prefill(args, token: str) -> None:
                     why = engine.check(msg["prompt"])
                     if why:
                         link.send({"ev": "failed", "rid": msg["rid"],
-                                   "status": "rejected_prompt_too_long", "error": why})
+                                   "status": Status.REJECTED_PROMPT_TOO_LONG.value, "error": why})
                     else:
                         engine.queue.append(PrefillJob(msg["rid"], msg["prompt"]))
                 elif op == "drop":
@@ -202,7 +206,7 @@ class Puller:
             rid, sink = msg["rid"], self.engine.sink
             if sink.blocks_needed(rid) > sink.pool.num_blocks:
                 sink.free(rid)
-                self.link.send({"ev": "failed", "rid": rid, "status": "rejected_decode_capacity",
+                self.link.send({"ev": "failed", "rid": rid, "status": Status.REJECTED_DECODE_CAPACITY.value,
                                 "error": f"needs {sink.blocks_needed(rid)} KV blocks; the decode "
                                          f"cache has {sink.pool.num_blocks}"})
                 continue
@@ -220,7 +224,7 @@ class Puller:
             except (TransportError, OSError, KeyError, ValueError) as e:
                 self.clients.pop(msg["prefill"], None)
                 sink.free(rid)
-                self.link.send({"ev": "failed", "rid": rid, "status": "failed_transfer",
+                self.link.send({"ev": "failed", "rid": rid, "status": Status.FAILED_TRANSFER.value,
                                 "error": f"{type(e).__name__}: {e}"[:300]})
                 continue
             end = time.time()

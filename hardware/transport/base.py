@@ -21,7 +21,7 @@ cancelled). Until it settles, ``settled(batch)`` is False, ``after_settled(batch
 of a region the batch touches waits for it (at most ``drain_s``) and otherwise refuses: memory
 is never handed back while a write into it can still land.
 
-A plan (``hardware.plan.TransferPlan``) copies ``nbytes`` from ``src_offset`` of one source
+A plan (``hardware.transfer_plan.TransferPlan``) copies ``nbytes`` from ``src_offset`` of one source
 region to ``dst_offset`` of ``dsts[dst_region]``. ``op="write"``: the source is local and
 the destinations belong to the peer (one-sided RDMA WRITE). ``op="read"``: the destinations
 are local and the source belongs to the peer (one-sided RDMA READ, the decode side pulling,
@@ -54,7 +54,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 
 Op = Literal["write", "read"]
 OPS = ("write", "read")

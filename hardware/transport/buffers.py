@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 from hardware.transport.base import Prepared, ProtocolError, SendBufferExhausted, Transport
 
 

@@ -56,6 +56,9 @@ class MooncakeTransport(Transport):
         super().__init__()
         if protocol not in PROTOCOLS:
             raise ValueError(f"mooncake protocol {protocol!r}: allowed {PROTOCOLS}")
+        # the engine logs every INFO and WARNING line to stderr (its own topology discovery,
+        # metrics, malloc notes): errors only, unless the user chose a level
+        os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
         try:
             from mooncake.engine import TransferEngine
         except ImportError as e:

@@ -61,7 +61,8 @@ def bare_event_rate(num_events: int = 400_000) -> float:
 
 
 # Run by a fresh interpreter: ``hawk simulate`` up to its first event, then the seconds since
-# the interpreter started (CPU) and since this script started (wall, imports onward).
+# the interpreter started (CPU), since this script started (wall, imports onward) and the
+# instant of the event (``time.time()``: the parent's clock too, for the wall time from spawn).
 STARTUP_SCRIPT = """
 import time
 wall = time.perf_counter()
@@ -78,7 +79,7 @@ from sim.commands.main import main
 try:
     main(["simulate", "--num-requests", "10", "--json"])
 except FirstEvent:
-    print(time.process_time(), time.perf_counter() - wall)
+    print(time.process_time(), time.perf_counter() - wall, time.time())
 """
 #: the goals of ``hawk bench`` (printed beside the measured figures)
 REQUESTS_PER_EVENT_TARGET = 0.06
@@ -89,13 +90,21 @@ STARTUP_TARGET_S = 0.5
 def startup_seconds(timeout_s: float = 120.0) -> tuple[float, float]:
     """``(cpu_s, wall_s)`` a fresh ``hawk simulate`` spends before its first simulated event:
     CPU seconds since the interpreter started, wall seconds since its first import."""
+    cpu_s, wall_s, _ = startup_probe(timeout_s=timeout_s)
+    return cpu_s, wall_s
+
+
+def startup_probe(env: dict | None = None, timeout_s: float = 120.0) -> tuple[float, float, float]:
+    """``startup_seconds``, and the wall seconds from spawning the fresh interpreter (in
+    environment ``env``) to its first simulated event."""
+    spawned_at = time.time()
     done = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT], capture_output=True,
-                          text=True, timeout=timeout_s)
+                          text=True, timeout=timeout_s, env=env)
     fields = done.stdout.split()
-    if done.returncode != 0 or len(fields) != 2:
+    if done.returncode != 0 or len(fields) != 3:
         raise RuntimeError(f"start-up probe failed (exit {done.returncode}): "
                            f"{done.stderr.strip()[-500:]}")
-    return float(fields[0]), float(fields[1])
+    return float(fields[0]), float(fields[1]), float(fields[2]) - spawned_at
 
 
 # Run by a fresh interpreter: ``hawk simulate`` with the given arguments, then its peak
@@ -146,11 +155,16 @@ def peak_memory_mb(num_requests: int, rate: float, stream: bool, seed: int = 0,
     return int(lines[-1]) / 1024
 
 
-def find_knee(config: RunConfig, num_requests: int = 2000) -> float:
-    """A quick knee estimate on a coarse grid (in this process)."""
+#: the coarse grid of the benchmark's default rate, req/s: 0.1 to 3.0
+DEFAULT_RATE_GRID = tuple(round(0.1 * k, 2) for k in range(1, 31))
+
+
+def default_rate(config: RunConfig, num_requests: int = 2000) -> float:
+    """The rate the benchmark runs at unless given one: the knee of a sweep over
+    ``DEFAULT_RATE_GRID`` (``traces.metrics.knee``, by ``summarize_sweep``; in this process).
+    A grid, not a bisection, so the benchmark's load stays a round rate."""
     small = config.replace(**{"workload.num_requests": num_requests})
-    rates = [round(0.1 * k, 2) for k in range(1, 31)]
-    summary = summarize_sweep(sweep(small, rates, workers=1, progress=False))
+    summary = summarize_sweep(sweep(small, list(DEFAULT_RATE_GRID), workers=1, progress=False))
     return summary["knee_rate"]
 
 
@@ -176,7 +190,7 @@ def run(num_requests: int = 100_000, rate: float | None = None, seed: int = 0,
     if memory_requests < 0:
         raise ValueError(f"memory_requests must be >= 0, got {memory_requests}")
     config = RunConfig(seed=seed)
-    rate = rate if rate is not None else find_knee(config)
+    rate = rate if rate is not None else default_rate(config)
     trace = make_workload("chatbot", rate, num_requests, seed=seed)
     runs = {"1x": trace,                                                 # at the knee
             "10x": _longer_outputs(rate / 10, num_requests, seed),       # same offered load

@@ -11,7 +11,7 @@ from sim.models.transfer import MECHANISMS
 from traces.workloads import WORKLOADS
 
 
-def _config_from_args(args) -> RunConfig:
+def config_from_args(args) -> RunConfig:
     config = load_config(args.config) if args.config else RunConfig()
     changes = {}
     if args.workload is not None:
@@ -65,7 +65,7 @@ def policy_changes(assignments: list[str]) -> dict:
     return changes
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="TOML run configuration")
     p.add_argument("--workload", choices=sorted(WORKLOADS), help="paper workload (default chatbot)")
     p.add_argument("--num-requests", type=int, help="requests to simulate (default 2000)")
@@ -81,7 +81,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
-def _add_profile(p: argparse.ArgumentParser) -> None:
+def add_profile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=Path, metavar="DIR",
                    help="a measured profile directory (hawk real profile --out DIR): time the "
                         "run by its tables, on a cluster that mirrors the real mode's")

@@ -14,18 +14,13 @@ from pathlib import Path
 from traces.jsonout import dumps, writable_dir
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("paper", help="reproduce the paper's results (paper profile)")
+def add_parser(sub) -> None:
+    p = sub.add_parser("paper", help="reproduce the paper's results (paper profile)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", type=Path, help="write report.md and plots into this folder")
     p.add_argument("--quick", action="store_true", help="reduced settings (for CI)")
     p.add_argument("--workers", type=int, help="parallel processes for the sweeps")
-    p.set_defaults(func=handler)
-    from sim.paper import calibrate
-    from sim.paper import devices_check
-
-    calibrate.register(subparsers)
-    devices_check.register(subparsers)
+    p.set_defaults(func=run)
 
 
 def _clean(value):
@@ -39,7 +34,7 @@ def _clean(value):
     return value
 
 
-def handler(args) -> int:
+def run(args) -> int:
     from sim.paper.experiments import run_paper
     from sim.paper import report
 

@@ -1,8 +1,9 @@
 """``hawk simulate``: one run (in memory, streamed or in cells) of a config, a workload or a
-trace file, and the summary it prints."""
+trace file, and the summary it prints. ``add_parser`` adds its flags, ``run`` runs it."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 from traces import metrics
 from sim.config import ConfigError, RunConfig
 from traces.jsonout import dumps, writable_dir
-from sim.commands.args import _config_from_args
+from sim.commands.args import add_common, add_profile, config_from_args
 from sim.engine.pools import describe_pools
 
 
@@ -63,10 +64,10 @@ def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
     """What limits capacity: utilisations, and what each stage adds to TTFT (mean / P90)."""
     rows = []
     if "bottleneck" in summary:
-        shares = " / ".join(f"{name} {_percent(summary[f'{name}_utilization'])}"
+        shares = " / ".join(f"{name} {percent(summary[f'{name}_utilization'])}"
                             for name in ("prefill", "link", "decode"))
         if "decode_occupancy" in summary:
-            shares += f" busy, {_percent(summary['decode_occupancy'])} of batch slots"
+            shares += f" busy, {percent(summary['decode_occupancy'])} of batch slots"
         rows.append(("utilisation", f"{shares} (most loaded: {summary['bottleneck']})"))
     for stage, _, _ in metrics.TTFT_STAGES:
         mean, p90 = summary.get(f"ttft_{stage}_mean_s"), summary.get(f"ttft_{stage}_p90_s")
@@ -89,15 +90,51 @@ def _profile_rows(profile: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
-def _percent(value) -> str:
+def percent(value) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
 
 
-def cmd_simulate(args) -> int:
+def add_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate one run (default: the paper's Chatbot scenario)")
+    add_common(p)
+    p.add_argument("--rate", type=float, help="Poisson arrival rate, req/s (default 0.5)")
+    p.add_argument("--trace", type=Path, help="replay a trace file instead of Poisson arrivals; "
+                   "a bare name may be a bundled trace: azure-llm-2023-conv.csv, "
+                   "azure-llm-2023-code.csv (traces/data/)")
+    p.add_argument("--trace-format", help="trace format (default: detected from the header)")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                   help="stream records to --out/records.parquet (a dataset of row groups) as "
+                        "requests end and summarise from streaming aggregates, in bounded "
+                        "memory (percentiles within 1%%); default: only runs over 1,000,000 "
+                        "requests stream")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows, reported")
+    p.add_argument("--rate-scale", type=float, metavar="FACTOR",
+                   help="replay the trace FACTOR times as fast (2 = twice the request rate)")
+    p.add_argument("--window", metavar="START:END",
+                   help="seconds of the trace to keep (re-based to 0), before --rate-scale")
+    p.add_argument("--oracle", action="store_true", help="iteration-by-iteration decode (slow)")
+    p.add_argument("--show-config", action="store_true",
+                   help="print every resolved setting and where it came from (the config "
+                        "file, the device's default or the scenario's), then stop")
+    p.add_argument("--out", type=Path, help="write records.parquet and summary.json here")
+    p.add_argument("--cells", type=int, metavar="N",
+                   help="simulate the cluster as N independent cells (router domains), the "
+                        "requests split by a hash of their id ([cells] in the config)")
+    p.add_argument("--cell-instances", choices=("split", "per-cell"),
+                   help="split: the cluster's instances divided among the cells (default); "
+                        "per-cell: every cell has the cluster's instances")
+    p.add_argument("--workers", type=int, help="processes running cells (default: one per core)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run the cells on Ray: a local cluster, or the one at ADDRESS")
+    add_profile(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
     from sim.engine.cluster import simulate, workload_trace
     from traces.schema import write_records
 
-    config = _config_from_args(args)
+    config = config_from_args(args)
     if args.show_config:
         from sim.config import format_provenance, provenance
 
@@ -184,7 +221,6 @@ def _stream_for(args, config: RunConfig, trace):
     dataset; None for the in-memory path. ``--stream``/``--no-stream`` decide, else size."""
     from sim.config.run_size import expected_num_requests
     from sim.engine.stream import Stream, use_streaming
-
     from traces.chunks import RequestSource
 
     n = len(trace) if trace is not None else expected_num_requests(config.workload)
@@ -202,10 +238,6 @@ def _trace_for(args, config: RunConfig):
     ``--duration``, with what loading and shaping did; ``(None, None)`` for Poisson arrivals.
 
     Only the rows needed are read when no window is cut (``--num-requests`` streams)."""
-    from dataclasses import asdict
-
-    from traces.shaping import ShapeSpec, parse_window, shape
-
     path = args.trace or (Path(config.workload.trace) if config.workload.trace else None)
     if path is None:
         for flag in ("--rate-scale", "--window"):
@@ -213,6 +245,10 @@ def _trace_for(args, config: RunConfig):
                 raise ConfigError(f"{flag} shapes a trace's arrivals; give --trace (Poisson "
                                   f"arrivals take --rate)")
         return None, None
+    from dataclasses import asdict
+
+    from traces.shaping import ShapeSpec, parse_window, shape
+
     if args.rate is not None:
         raise ConfigError(f"--rate sets a Poisson arrival rate, but the arrivals come from the "
                           f"trace {path.name}; use --rate-scale to replay it faster or slower "

@@ -1,7 +1,10 @@
-"""Run size against this machine's memory: a run that cannot finish is refused up front.
+"""Run size against this machine: a run that cannot finish is refused up front, and one that
+will take a while says so before it starts.
 
-The estimate is the simulator's measured memory per request times the requests a run will
-hold (its count, or rate x duration), once per run side by side (a sweep's workers).
+Memory: the simulator's measured memory per request times the requests a run will hold (its
+count, or rate x duration), once per run side by side (a sweep's workers). Time: the measured
+wall time per simulated request on this machine (``SECONDS_PER_REQUEST``), so a command can
+print its estimate and refuse a run past a wall-time limit its user can raise.
 """
 
 from __future__ import annotations
@@ -26,6 +29,46 @@ STREAM_BYTES = 200e6
 TRACE_BYTES_PER_REQUEST = 48
 #: runs larger than this stream by default (``hawk simulate``; their percentiles are sketched)
 STREAM_MIN_REQUESTS = 1_000_000
+
+
+#: wall time per simulated request, measured on a 2-core machine (Python 3.11): default
+#: Chatbot runs of 200,000 requests took 4.2 s in memory and 5.3 s streamed, start-up
+#: included; a run of 10^7 streamed took 235 s (23.5 us a request). Budgeted at 25 us; an
+#: overloaded run (preemption, long queues) takes up to about twice that.
+SECONDS_PER_REQUEST = 25e-6
+START_UP_S = 0.5
+#: past this estimate a command announces its run (requests, time, memory) on stderr
+ANNOUNCE_AFTER_S = 5.0
+#: past this estimate a command refuses, unless its --max-wall-s allows it
+DEFAULT_MAX_WALL_S = 3600.0
+
+
+def estimated_wall_s(num_requests: float, copies_in_turn: float = 1.0) -> float:
+    """Wall seconds to simulate ``num_requests``, ``copies_in_turn`` times one after another."""
+    return START_UP_S + copies_in_turn * num_requests * SECONDS_PER_REQUEST
+
+
+def describe_duration(seconds: float) -> str:
+    """``42 s``, ``7 min``, ``1.5 h``, ``3.2 days``: a rough duration for an estimate."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.1f} {unit}" if seconds < 100 * size else \
+                f"{seconds / size:,.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def check_run_time(num_requests: float, max_wall_s: float | None, what: str = "the run",
+                   copies_in_turn: float = 1.0, flag: str = "--max-wall-s") -> float:
+    """The run's estimated wall seconds; ``ConfigError`` naming the estimate and ``flag``
+    when it exceeds ``max_wall_s`` (None: no limit)."""
+    wall = estimated_wall_s(num_requests, copies_in_turn)
+    if max_wall_s is not None and wall > max_wall_s:
+        raise ConfigError(
+            f"{what}: {num_requests * copies_in_turn:,.0f} simulated requests would take about "
+            f"{describe_duration(wall)} on this machine ({SECONDS_PER_REQUEST * 1e6:.0f} us a "
+            f"request), past the {describe_duration(max_wall_s)} limit; simulate fewer "
+            f"requests, or allow it with {flag} {wall * 1.5:.0f}")
+    return wall
 
 
 def expected_num_requests(workload: WorkloadConfig) -> float | None:

@@ -203,6 +203,10 @@ def _check_policy(where: str, name: str, value) -> None:
         raise ConfigError(f"{where}.{name}: {exc}") from None
 
 
+#: the most requests one run may have (by count, or rate x duration)
+MAX_REQUESTS = 100_000_000
+
+
 @dataclass(frozen=True)
 class WorkloadConfig:
     name: str = "chatbot"
@@ -217,7 +221,7 @@ class WorkloadConfig:
         _check_choice("workload", "name", self.name, WORKLOADS)
         _check_range("workload", "rate", self.rate, 1e-6, 1e6)
         if self.num_requests is not None:
-            _check_range("workload", "num_requests", self.num_requests, 1, 100_000_000,
+            _check_range("workload", "num_requests", self.num_requests, 1, MAX_REQUESTS,
                          integer=True)
         if self.duration_s is not None:
             _check_range("workload", "duration_s", self.duration_s, 1e-3, 1e9)
@@ -225,6 +229,14 @@ class WorkloadConfig:
             _check_str("workload", "trace", self.trace)
         if self.num_requests is None and self.duration_s is None and self.trace is None:
             raise ConfigError("workload needs num_requests, duration_s or trace")
+        if self.duration_s is not None and self.trace is None and (
+                self.num_requests is None or self.num_requests > self.rate * self.duration_s):
+            expected = self.rate * self.duration_s
+            if expected > MAX_REQUESTS:
+                raise ConfigError(
+                    f"workload: rate {self.rate:g} x duration_s {self.duration_s:g} = "
+                    f"{expected:,.3g} requests, more than the {MAX_REQUESTS:,} a run may have; "
+                    f"lower the rate or the duration (or set num_requests)")
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from hardware.catalog import DTYPE_BYTES, ModelSpec, devices
+from hardware.serve.profile_files import FORMAT
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-FORMAT = 1
 MEASURED_MODEL = "profile"          # cluster.model when the profile is a measured directory
 SECONDS = ("seconds_p50", "seconds_p10", "seconds_p90", "repeats")
 COLUMNS = {"prefill.csv": ("batch_tokens", "num_seqs") + SECONDS,

@@ -1,8 +1,8 @@
 """Transfer pricing: what moving one request's KV cache costs under each mechanism.
 
 A mechanism (``hardware.mechanism_specs.MECHANISMS``, the one table of them) is one of the
-transfer plans of ``hardware.plans`` plus the copies around it. ``GN-Host`` re-lays out on the
-destination host (``relayout_at = "host"``) or on the NPU (``"npu"``).
+transfer plans of ``hardware.mechanism_plans`` plus the copies around it. ``GN-Host`` re-lays
+out on the destination host (``relayout_at = "host"``) or on the NPU (``"npu"``).
 
 ``MechanismPricing.price(num_tokens)`` returns a ``TransferCost``: seconds the prefill engine
 spends saving the KV for a host-staged mechanism (``save_s``: device-to-host copy and the copy
@@ -14,7 +14,7 @@ one FIFO server per node, ``sim.engine.link.HostQueue``, so concurrent host-stag
 re-layouts wait for each other instead of overlapping for free), host CPU seconds that disturb
 decode on the destination node, and the write count. Counts and bytes come from
 ``plan_counts``, a closed form of the plans' counts for a contiguous allocation (tests check
-it equal to ``hardware.plans``); prices are memoised per token count.
+it equal to ``hardware.mechanism_plans``); prices are memoised per token count.
 
 Every device-side step runs on the ``tp`` devices of an instance in parallel; the host copies
 of a node are serial on its host. One time base: each resource has its own cost, from the
@@ -136,7 +136,8 @@ class TransferCost:
 
 @dataclass(frozen=True)
 class PlanCounts:
-    """Counts and bytes of one device's plan (``hardware.plans``) for a contiguous allocation."""
+    """Counts and bytes of one device's plan (``hardware.mechanism_plans``) for a contiguous
+    allocation."""
 
     num_writes: int
     wire_bytes: int            # bytes the plan moves (per device)

@@ -1,4 +1,5 @@
-"""``hawk calibrate --targets paper``: fit the paper profile's free parameters to named targets.
+"""The paper profile's free parameters fitted to named targets (``hawk calibrate --targets
+paper``, whose command is ``sim.commands.calibrate``).
 
 The fit is honest by construction:
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.paper.fit import LOO_NFEV, NOISE_SEEDS, Fit, fit, leave_one_out, noise  # noqa: F401
-from sim.paper.fit_record import fit_record, report_lines, to_toml
+from sim.paper.fit_record import fit_record, to_toml
 from sim.paper.checks import Target, load_fit_record, paper_targets, residual  # noqa: F401
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
@@ -155,7 +156,8 @@ def model(values: dict[str, float], template: str, workdir: str, reduced: bool =
 
 def _serving(workload: str, profile: str, seed: int = 0) -> dict:
     """Reduced sweeps: rates ascend until attainment stays below 90% twice; the knee is
-    interpolated where attainment crosses 90% (None: below it at the lowest rate).
+    ``traces.metrics.knee`` over the rates swept, interpolated where attainment crosses 90%
+    after its highest passing rate (NaN: no rate passes).
 
     Each configuration's sweep and its run at the knee are kept on disk beside the profile,
     keyed by what its simulation reads (``_simulation_key``): a vector that changes only
@@ -166,6 +168,7 @@ def _serving(workload: str, profile: str, seed: int = 0) -> dict:
     from sim.paper import experiments as paper
     from sim.engine.cluster import simulate
     from sim.models.predictor import load_profile_table
+    from traces import metrics
 
     table, out = load_profile_table(profile), {}
     for name in ("GG-Host", "GN-Host", "GG-Direct", "GN-HAWK"):
@@ -182,7 +185,7 @@ def _serving(workload: str, profile: str, seed: int = 0) -> dict:
                 below = below + 1 if att[-1] < 0.9 else 0
                 if below == 2:
                     break
-            knee = interpolated_knee(FIT_RATES[workload][:len(att)], att)
+            knee = metrics.knee(FIT_RATES[workload][:len(att)], att, interpolate=True)
             stats = summary = None
             if math.isfinite(knee):
                 run = simulate(config.replace(**{"workload.rate": knee, "seed": seed}))
@@ -213,19 +216,7 @@ def _simulation_key(config, table: dict, seed: int) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
-def interpolated_knee(rates, attainment, target: float = 0.9) -> float:
-    """Where attainment first crosses ``target``, linear between grid rates; NaN if it is
-    below at the lowest rate; the last rate if it never falls below."""
-    if not attainment or attainment[0] < target:
-        return math.nan
-    for k in range(1, len(attainment)):
-        if attainment[k] < target:
-            a0, a1 = attainment[k - 1], attainment[k]
-            return rates[k - 1] + (a0 - target) / (a0 - a1) * (rates[k] - rates[k - 1])
-    return rates[len(attainment) - 1]
-
-
-# -- the command --------------------------------------------------------------------------
+# -- the fit, written --------------------------------------------------------------------
 def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
               workers: int = 2, write: bool = True, loo_nfev: int = LOO_NFEV,
               cache_dir: str | None = None) -> dict:
@@ -266,36 +257,3 @@ def calibrate(targets: str = "paper", profile: str = "paper", max_nfev: int = 8,
                         "noise": clock[3] - clock[2]}
     return record
 
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("calibrate", help="fit the profile's free parameters to targets")
-    p.add_argument("--targets", default="paper", help="target set (paper)")
-    p.add_argument("--max-evaluations", type=int, default=8,
-                   help="least-squares function evaluations of the fit (each with a Jacobian)")
-    p.add_argument("--loo-evaluations", type=int, default=LOO_NFEV,
-                   help="the same for each leave-one-out refit, from the fit's optimum")
-    p.add_argument("--workers", type=int, default=2,
-                   help="parallel model evaluations (Jacobian columns, refits, seeds)")
-    p.add_argument("--dry-run", action="store_true", help="fit and report; write nothing")
-    p.add_argument("--cache-dir", help="keep the fit's simulations here, for a later run")
-    p.set_defaults(func=_handler)
-
-
-def _handler(args) -> int:
-    from sim.config import ConfigError
-
-    try:
-        for flag in ("max_evaluations", "loo_evaluations", "workers"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: "
-                                 f"must be at least 1")
-        record = calibrate(args.targets, max_nfev=args.max_evaluations, workers=args.workers,
-                           write=not args.dry_run, loo_nfev=args.loo_evaluations,
-                           cache_dir=args.cache_dir)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    print(report_lines(record))
-    wall = record["wall_s"]
-    print(f"\nwall time: fit {wall['fit']:.0f} s, leave-one-out refits {wall['loo']:.0f} s, "
-          f"noise over seeds {wall['noise']:.0f} s")
-    return 0

@@ -17,76 +17,60 @@ before anything is simulated:
    ``max_candidates``).
 
 Each simulated candidate gets its knee (the highest rate meeting the attainment target) by
-bisection between the rates known to pass and to fail (the roofline bound above), not a grid.
+bisection between the rates known to pass and to fail (the roofline bound above), not a grid
+(``sim.runs.knee.bisect_knee``: geometric midpoints).
 The Pareto frontier is over the simulated candidates: cost per successful request at the
 asked rate vs goodput (the knee).
 
-Cost per successful request = (capital per second x the run's span + energy x price) / ok
-requests. Capital = devices (catalog prices) + hosts + NICs (``sim/profiles/plan_costs.toml``
-or ``--catalog``) straight-line over ``amortisation_years``; energy = the devices' energy from
-the run (``sim.models.power``) + hosts' and NICs' power over the span.
+Cost per successful request is ``sim.models.cost``'s, the same figure as a run's summary: capital
+(devices, hosts and NICs over the profile's amortisation period) per second x the run's span +
+energy (the devices', the hosts' and the NICs') at the profile's price, over ok requests. The
+inputs are the base profile's ``[cost]`` and ``[price]`` tables, with ``--catalog FILE`` laid over
+``[cost]`` (``load_costs``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from sim.config import ConfigError, RunConfig, tomllib
-from sim.models.cost import SECONDS_PER_YEAR, J_PER_KWH, device_price
-from sim.models.power import profile_of
+from sim.models import cost
 
-COSTS_FILE = Path(__file__).resolve().parents[1] / "profiles" / "plan_costs.toml"
 BISECTION_STEPS = 5
 #: mechanisms tried first on each hardware choice (the others only on the cheapest that meets
 #: the target: a mechanism changes no price, only how well the hardware serves)
 PREFERRED = ("GN-HAWK", "GG-Direct")
 
 
-@dataclass(frozen=True)
-class PlanCosts:
-    amortisation_years: float = 3.0
-    usd_per_kwh: float = 0.12
-    host: dict = field(default_factory=dict)   # price_usd, devices_per_host, power_w, source
-    nic: dict = field(default_factory=dict)    # price_usd, power_w, source
-
-    def __post_init__(self) -> None:
-        for where, table, keys in (("host", self.host, ("price_usd", "devices_per_host",
-                                                        "power_w")),
-                                   ("nic", self.nic, ("price_usd", "power_w"))):
-            for key in keys:
-                value = table.get(key)
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                    raise ConfigError(f"[{where}] {key} must be a number >= 0, got {value!r}")
-        if not self.host["devices_per_host"] >= 1:
-            raise ConfigError("[host] devices_per_host must be >= 1")
-        if not self.amortisation_years > 0:
-            raise ConfigError(f"amortisation_years must be > 0, got {self.amortisation_years}")
-
-
-def load_costs(path=None) -> PlanCosts:
-    """The bundled costs, with a user's ``--catalog`` TOML laid over them key by key."""
-    data = tomllib.loads(COSTS_FILE.read_text())
-    if path is not None:
-        path = Path(path)
-        try:
-            user = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
-        unknown = set(user) - set(data)
-        if unknown:
-            raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: "
-                              f"{sorted(data)}")
-        for key, value in user.items():
-            data[key] = {**data[key], **value} if isinstance(data[key], dict) else value
+def load_costs(path=None) -> dict:
+    """A user's ``--catalog`` TOML: keys of a profile's ``[cost]`` table (``lifetime_years``,
+    ``usd_per_kwh``, ``[host]``, ``[nic]`` ...) to lay over the base profile's, key by key
+    (``cost_profile``), checked here against the paper profile's; no file, no overrides."""
+    if path is None:
+        return {}
+    path = Path(path)
     try:
-        return PlanCosts(**data)
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"{path or COSTS_FILE}: {exc}") from exc
+        overrides = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    cost_profile(RunConfig(), overrides, str(path))
+    return overrides
+
+
+def cost_profile(base: RunConfig, overrides: dict, where: str = "--catalog") -> dict:
+    """The base config's profile tables with ``overrides`` laid over its ``[cost]`` table:
+    what every candidate is priced under (``sim.models.cost``)."""
+    from sim.models.predictor import load_profile_table
+
+    try:
+        return cost.with_overrides(load_profile_table(base.cluster.profile), overrides)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -101,35 +85,6 @@ class Space:
     max_instances: int = 8
     max_candidates: int = 24         # configurations simulated at the asked rate, at most
     max_knees: int = 6               # of which knees are bisected (meeting the target first)
-
-
-def _hosts_nics(config: RunConfig, costs: PlanCosts) -> tuple[int, int]:
-    per = costs.host["devices_per_host"]
-    hosts = nics = 0
-    for inst in (config.cluster.prefill, config.cluster.decode):
-        hosts += inst.num_instances * math.ceil(inst.tp / per)
-        nics += inst.num_instances
-    return hosts, nics
-
-
-def capital_usd_per_s(config: RunConfig, costs: PlanCosts) -> float:
-    """Devices + hosts + NICs, straight-line over the amortisation period."""
-    profile = profile_of(config, None)
-    devices = sum(inst.num_instances * inst.tp * device_price(profile, inst.device)
-                  for inst in (config.cluster.prefill, config.cluster.decode))
-    hosts, nics = _hosts_nics(config, costs)
-    total = devices + hosts * costs.host["price_usd"] + nics * costs.nic["price_usd"]
-    return total / (costs.amortisation_years * SECONDS_PER_YEAR)
-
-
-def usd_per_success(summary: dict, config: RunConfig, costs: PlanCosts) -> float:
-    span = float(summary["simulated_time_s"])
-    hosts, nics = _hosts_nics(config, costs)
-    joules = summary["energy_j"] + span * (hosts * costs.host["power_w"]
-                                           + nics * costs.nic["power_w"])
-    usd = capital_usd_per_s(config, costs) * span + joules / J_PER_KWH * costs.usd_per_kwh
-    ok = summary["num_finished"]
-    return usd / ok if ok else math.inf
 
 
 # -- bounds ---------------------------------------------------------------------------------
@@ -227,7 +182,7 @@ def _evaluate(job) -> dict:
     """Simulate ``config`` at the asked rate (module level, for process pools)."""
     from sim.engine.cluster import simulate
 
-    config, bound, target, costs = job
+    config, bound, target, profile = job
     try:
         s = simulate(config).summary
     except Exception as exc:               # one broken combination must not end the search;
@@ -237,25 +192,28 @@ def _evaluate(job) -> dict:
     return {"config": _describe(config), "changes": _changes(config),
             "rate": config.workload.rate, "slo_attainment": s["slo_attainment"],
             "meets_target": s["slo_attainment"] >= target,
-            "usd_per_success": usd_per_success(s, config, costs),
-            "capital_usd_per_hour": 3600 * capital_usd_per_s(config, costs),
+            "usd_per_success": cost.usd_per_success(s, config, profile),
+            "capital_usd_per_hour": 3600 * cost.capital_usd_per_s(config, profile),
             "tokens_per_joule": s["tokens_per_joule"], "bottleneck": s.get("bottleneck"),
             "roofline_rate": bound, "knee_rate": None, "num_simulations": 1}
 
 
 def _knee(job) -> tuple[float, float, int]:
-    """The knee of ``config`` by bisection: between the asked rate and 1.25x the roofline
-    bound when it meets the target there, else between 0 and the asked rate."""
+    """The knee of ``config`` by bisection (``sim.runs.knee.bisect_knee``): between the asked
+    rate and 1.25x the roofline bound when it meets the target there, else between 0 and the
+    asked rate."""
     from sim.engine.cluster import simulate
+    from sim.runs.knee import bisect_knee
 
-    config, bound, target, meets = job
+    config, bound, target, meets_at_rate = job
+
+    def meets(rate: float) -> bool:
+        run = simulate(config.replace(**{"workload.rate": rate}))
+        return run.summary["slo_attainment"] >= target
+
     rate = config.workload.rate
-    lo, hi = (rate, max(bound, rate) * 1.25) if meets else (0.0, rate)
-    for _ in range(BISECTION_STEPS):
-        mid = (lo + hi) / 2
-        attained = simulate(config.replace(**{"workload.rate": mid})).summary["slo_attainment"]
-        lo, hi = (mid, hi) if attained >= target else (lo, mid)
-    return lo, hi, BISECTION_STEPS
+    lo, hi = (rate, max(bound, rate) * 1.25) if meets_at_rate else (0.0, rate)
+    return (*bisect_knee(meets, lo, hi, BISECTION_STEPS), BISECTION_STEPS)
 
 
 def _changes(config: RunConfig) -> dict:
@@ -277,25 +235,26 @@ def _describe(config: RunConfig) -> str:
 
 
 def plan(base: RunConfig, rate: float, target: float = 0.9, space: Space = Space(),
-         costs: PlanCosts | None = None, workers: int | None = None, progress: bool = True,
+         costs: dict | None = None, workers: int | None = None, progress: bool = True,
          ray_address: str | None = None) -> dict:
     """Search, prune, simulate cheapest-bound first, bisect knees; the frontier and picks."""
     from sim.runs.sweep import run_parallel
 
-    costs = costs or load_costs()
+    profile = cost_profile(base, costs or {})
+    capital = lambda config: cost.capital_usd_per_s(config, profile)
     found, pruned = candidates(base, space, rate, target)
     # cheapest capital first; among equals the one with the most roofline headroom
-    ranked = sorted(found, key=lambda c: (capital_usd_per_s(c[0][0], costs), -c[1],
+    ranked = sorted(found, key=lambda c: (capital(c[0][0]), -c[1],
                                           _describe(c[0][0])))
     configs: dict[str, tuple] = {}
     rows: list[dict] = []
-    run = lambda jobs: run_parallel(_evaluate, [(c, b, target, costs) for c, b in jobs],
+    run = lambda jobs: run_parallel(_evaluate, [(c, b, target, profile) for c, b in jobs],
                                     workers, progress, ray_address, desc="plan: at the rate")
     batch = 2 * (workers or os.cpu_count() or 1)
     stopped = False
     while ranked and len(rows) < space.max_candidates:
         best = min((r["usd_per_success"] for r in rows if r["meets_target"]), default=math.inf)
-        if capital_usd_per_s(ranked[0][0][0], costs) / rate >= best:
+        if capital(ranked[0][0][0]) / rate >= best:
             stopped = True                  # nothing left can be cheaper per success
             break
         take = min(batch, space.max_candidates - len(rows))
@@ -332,9 +291,15 @@ def plan(base: RunConfig, rate: float, target: float = 0.9, space: Space = Space
                                         default=None),
             "frontier": pareto([r for r in rows if r["knee_rate"] is not None]),
             "candidates": rows, "failed": failed,
-            "costs": {"amortisation_years": costs.amortisation_years,
-                      "usd_per_kwh": costs.usd_per_kwh, "host": costs.host, "nic": costs.nic,
-                      "devices": "hardware/catalog/devices.toml price_usd"}}
+            "costs": _costs_used(profile)}
+
+
+def _costs_used(profile: dict) -> dict:
+    inputs = cost.cost_inputs(profile)
+    return {"model": inputs.model, "lifetime_years": inputs.lifetime_years,
+            "usd_per_kwh": inputs.usd_per_kwh, "host": inputs.host, "nic": inputs.nic,
+            "devices": "hardware/catalog/devices.toml price_usd, the profile's [price] "
+                       "overrides"}
 
 
 def pareto(rows: list[dict]) -> list[dict]:
@@ -378,15 +343,31 @@ def format_plan(result: dict) -> str:
                      f"{r['capital_usd_per_hour']:>8.3f}  {r['config']}")
     for r in result["failed"]:
         lines.append(f"could not simulate {r['config']}: {r['error']}")
-    c = result["costs"]
-    lines.append(f"costs: devices from the catalog, host ${c['host']['price_usd']:,.0f} per "
-                 f"{c['host']['devices_per_host']} devices, NIC ${c['nic']['price_usd']:,.0f} "
-                 f"per instance, over {c['amortisation_years']:g} years, energy at "
-                 f"${c['usd_per_kwh']:g}/kWh")
+    lines.append(_describe_costs(result["costs"]))
     return "\n".join(lines)
 
 
+def _describe_costs(c: dict) -> str:
+    host, nic = c["host"], c["nic"]
+    parts = ["devices from the catalog",
+             f"host ${host['price_usd']:,.0f} per {host['devices_per_host']} devices"
+             if host else "no hosts priced",
+             f"NIC ${nic['price_usd']:,.0f} per instance" if nic else "no NICs priced"]
+    held = (f"over {c['lifetime_years']:g} years" if c["model"] == "amortised"
+            else "at the devices' hourly rates (hosts and NICs included)")
+    return f"costs: {', '.join(parts)}, {held}, energy at ${c['usd_per_kwh']:g}/kWh"
+
+
 def plot_plan(result: dict, path) -> None:
+    """``plan_figure`` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = plan_figure(result)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plan_figure(result: dict):
     """Cost per successful request vs goodput, every simulated candidate, the frontier joined."""
     import matplotlib
 
@@ -406,5 +387,4 @@ def plot_plan(result: dict, path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

@@ -66,11 +66,6 @@ def check_diff(diff, vary=POLICY_KEYS, allow: bool = False) -> None:
                           f"({list(vary)}); name them with --vary or pass --allow-diff")
 
 
-def format_diff(diff) -> str:
-    width = max(len(k) for k, _, _ in diff)
-    return "\n".join(f"  {k:<{width}}  {a!r} -> {b!r}" for k, a, b in diff)
-
-
 # -- limits and verdict ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -377,32 +372,6 @@ def write_outputs(out: Path, runs, result: dict) -> None:
             (out / arm / f"summary-{k}.json").write_text(dumps(summary, indent=2) + "\n")
     (out / "comparison.json").write_text(dumps(result, indent=2) + "\n")
     pd.DataFrame(result["regressed"]).to_csv(out / "regressed.csv", index=False)
-
-
-def format_result(result: dict, top: int = 5) -> str:
-    conf = 100 * result["limits"]["confidence"]
-    lines = [f"paired over {result['unit']}; difference = candidate - baseline, "
-             f"{conf:g}% bootstrap CI",
-             f"  {'metric':<34} {'baseline':>10} {'candidate':>10} {'difference':>11}  CI"]
-    for key, e in result["effects"].items():
-        lines.append(f"  {key:<34} {e['baseline']:>10.4g} {e['candidate']:>10.4g} "
-                     f"{e['difference']:>+11.4g}  [{e['ci_low']:+.4g}, {e['ci_high']:+.4g}]")
-    v = result["verdict"]
-    lines.append(f"verdict: keep the {v['keep']} (improve {result['limits']['improve']}"
-                 + (f"; limits {result['limits']['limits']})" if result['limits']['limits']
-                    else ")"))
-    lines += [f"  - {r}" for r in v["reasons"]]
-    if not result["regressed"]:
-        lines.append("no request got worse (first repeat)")
-    else:
-        lines.append(f"most regressed requests (first repeat, {len(result['regressed'])} "
-                     f"saved):")
-        for r in result["regressed"][:top]:
-            who = f" [{r['tenant']}]" if "tenant" in r else ""
-            lines.append(f"  request {r['request_id']}{who}: {r['status_baseline']} -> "
-                         f"{r['status_candidate']}, TTFT {r['ttft_change_s']:+.3f} s, "
-                         f"E2E {r['e2e_change_s']:+.3f} s")
-    return "\n".join(lines)
 
 
 def load_recorded(path) -> tuple:

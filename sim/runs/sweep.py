@@ -28,20 +28,29 @@ ROW_MEANS = ("slo_attainment", "ttft_p90_s", "tpot_p90_s", "output_tokens_per_s"
              *(f"ttft_{stage}_mean_s" for stage, _, _ in metrics.TTFT_STAGES))
 
 
+#: the most rates one sweep may have (each is a simulation per seed)
+MAX_POINTS = 10_000
+
+
 def parse_rates(text: str) -> list[float]:
-    """``"0.1:1.0:0.05"`` (start:stop:step, stop included) or ``"0.2,0.4,0.8"``."""
+    """``"0.1:1.0:0.05"`` (start:stop:step, stop included) or ``"0.2,0.4,0.8"``; more than
+    ``MAX_POINTS`` rates are refused before any is listed."""
     try:
         if ":" in text:
             start, stop, step = (float(x) for x in text.split(":"))
             if step <= 0 or stop < start:
                 raise ValueError
             n = int(round((stop - start) / step)) + 1
-            rates = [round(start + k * step, 10) for k in range(n)]
         else:
-            rates = [float(x) for x in text.split(",") if x.strip()]
+            values = [float(x) for x in text.split(",") if x.strip()]
+            n = len(values)
     except ValueError:
         raise ConfigError(f"--rates {text!r}: expected start:stop:step with step > 0 and "
                           f"stop >= start, or a comma-separated list") from None
+    if n > MAX_POINTS:
+        raise ConfigError(f"--rates {text!r}: {n:,} rates, more than the {MAX_POINTS:,} a sweep "
+                          f"may have; take a larger step")
+    rates = [round(start + k * step, 10) for k in range(n)] if ":" in text else values
     if not rates or min(rates) <= 0:
         raise ConfigError(f"--rates {text!r}: rates must be > 0 requests/s")
     return rates

@@ -1,6 +1,7 @@
-"""``hawk calibrate --profile DIR``: the roofline and the transfer model fitted to a measured
-profile directory (``hawk real profile``), so a user can time devices they only have catalog
-entries for with the factors their own machine showed.
+"""The roofline and the transfer model fitted to a measured profile directory (``hawk real
+profile``), so a user can time devices they only have catalog entries for with the factors
+their own machine showed. The command is ``hawk calibrate --profile DIR``
+(``sim.commands.calibrate``).
 
 What is fitted, from where, to what:
 
@@ -274,15 +275,3 @@ def _without_table(text: str, name: str) -> str:
             out.append(line)
     return "\n".join(out) + "\n"
 
-
-def cmd_calibrate(args) -> int:
-    from traces.jsonout import writable_file
-
-    if args.out is not None:
-        writable_file(args.out, "--out")
-    record = calibrate_profile(args.profile, args.device)
-    print(report(record))
-    if args.out is not None:
-        write_toml(record, args.out)
-        print(f"fitted profile written to {args.out}")
-    return 0

@@ -1,5 +1,5 @@
-"""``hawk validate --profile DIR --trace FILE``: the real mode and the simulator on the same
-requests, at a light load and near the knee, and how far apart they are (``sim.validation.errors``).
+"""The real mode and the simulator on the same requests, at a light load and near the knee, and
+how far apart they are (``sim.validation.errors``): ``validate``, run by ``hawk validate``.
 
 1. Requests: a trace file (a bundled name such as ``azure-llm-2023-conv.csv`` too; its first
    ``--num-requests``) or a synthetic workload with Poisson arrivals (``--workload chatbot``).
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.validation import errors as val
-from traces.jsonout import dumps, writable_dir, writable_file
+from traces.jsonout import dumps
 from traces.trace import Trace
 
 KNEE_SHARE = 0.8
@@ -206,32 +205,18 @@ def default_slos(simulate_fn, requests: Requests) -> tuple[float, float]:
 
 def find_knee(simulate_fn, requests: Requests, ttft_slo_s: float, tpot_slo_s: float,
               steps: int = 8) -> float:
-    """The highest rate whose simulated attainment is >= ``KNEE_TARGET``: doubling (or
-    halving) from the trace's own rate to bracket it, then ``steps`` bisections. NaN when even
-    1/1000 of the trace's rate misses, infinity when 1000x still meets it."""
+    """The highest rate whose simulated attainment is >= ``KNEE_TARGET``
+    (``sim.runs.knee.search_knee``: doubling or halving from the trace's own rate to bracket
+    it, then ``steps`` bisections). NaN when even 1/1000 of the trace's rate misses, infinity
+    when 1000x still meets it."""
+    from sim.runs.knee import search_knee
     from traces.metrics import slo_attainment
 
-    def good(rate: float) -> bool:
+    def meets(rate: float) -> bool:
         frame = simulate_fn(requests.at(rate), ttft_slo_s, tpot_slo_s)
         return slo_attainment(frame, ttft_slo_s, tpot_slo_s) >= KNEE_TARGET
 
-    rate = requests.base_rate
-    if good(rate):
-        lo, hi = rate, 2 * rate
-        while good(hi):
-            if hi > 1000 * rate:
-                return math.inf
-            lo, hi = hi, 2 * hi
-    else:
-        lo, hi = rate / 2, rate
-        while not good(lo):
-            if lo < rate / 1000:
-                return math.nan
-            lo, hi = lo / 2, lo
-    for _ in range(steps):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if good(mid) else (lo, mid)
-    return lo
+    return search_knee(meets, requests.base_rate, steps)
 
 
 def parse_loads(text: str) -> list[str | float]:
@@ -337,71 +322,3 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
     if out is not None:
         (base / "validate.json").write_text(dumps(result, indent=2) + "\n")
     return result, frames
-
-
-# -- the command ------------------------------------------------------------------------------
-def cmd_validate(args) -> int:
-    from hardware.serve.cluster import ClusterError
-
-    if args.out is not None:
-        writable_dir(args.out)
-    if args.plot is not None:
-        writable_file(args.plot, "--plot")
-    if (args.ttft_slo is None) != (args.tpot_slo is None):
-        raise ValueError("give both --ttft-slo and --tpot-slo, or neither")
-    doc = read_profile(args.profile)
-    rates = ",".join(str(r) for r in args.rate) if args.rate else args.rates
-    requests = load_requests(args.trace, args.workload, args.num_requests, context_of(doc),
-                             args.seed)
-    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr))
-    slos = None if args.ttft_slo is None else (args.ttft_slo, args.tpot_slo)
-    try:
-        result, frames = validate(args.profile, requests, rates, mechanism=args.mechanism,
-                                  slos=slos, out=args.out, progress=not args.json, say=say)
-    except ClusterError as e:
-        print(f"hawk validate: the real mode did not start: {e}", file=sys.stderr)
-        return 1
-    if args.plot is not None:
-        val.plot_cdfs(result, frames, args.plot)
-    print(dumps(result) if args.json else val.format_result(result))
-    if args.out is not None and not args.json:
-        print(f"paired records per load and validate.json written to {args.out}/")
-    return 0
-
-
-def register(subparsers) -> None:
-    from traces.workloads import WORKLOADS
-
-    p = subparsers.add_parser("validate", help="the real mode vs the simulator on a measured "
-                              "profile, on the same requests at a light load and near the knee")
-    p.add_argument("--profile", type=Path, required=True, help="a hawk real profile directory")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", help="trace file, or a bundled name (azure-llm-2023-conv.csv)")
-    src.add_argument("--workload", choices=sorted(WORKLOADS),
-                     help="synthetic requests: the workload's lengths, Poisson arrivals")
-    p.add_argument("--rates", default="light,knee",
-                   help="loads: light, knee, or req/s, comma-separated (default light,knee)")
-    p.add_argument("--rate", type=float, action="append",
-                   help="a load in req/s (repeatable; replaces --rates)")
-    p.add_argument("--num-requests", type=_positive, default=100,
-                   help="requests per load (default 100)")
-    p.add_argument("--mechanism", help="transfer mechanism (default GN-HAWK if measured)")
-    p.add_argument("--ttft-slo", type=float, help="TTFT SLO, s (default: from the profile)")
-    p.add_argument("--tpot-slo", type=float, help="TPOT SLO, s (default: from the profile)")
-    p.add_argument("--seed", type=int, default=0, help="seed of --workload's requests")
-    p.add_argument("--out", type=Path, help="write paired records and validate.json here")
-    p.add_argument("--plot", type=Path, help="write a PNG of TTFT/TPOT/E2E CDFs, real vs sim")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_validate)
-
-
-def _positive(text: str) -> int:
-    import argparse
-
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--num-requests {text!r}: a whole number >= 2") from None
-    if n < 2:
-        raise argparse.ArgumentTypeError(f"--num-requests {n}: need >= 2")
-    return n

@@ -1,6 +1,7 @@
-"""Transfer plans for one request's KV cache on one TP rank, one builder per mechanism.
+"""Each mechanism's transfer plan for one request's KV cache on one TP rank: one builder per
+mechanism (``PLAN_BUILDERS``), and the request they all take (``RequestTransfer``).
 
-Each builder returns a ``hardware.plan.TransferPlan`` for the same ``RequestTransfer``, so the
+Each builder returns a ``hardware.transfer_plan.TransferPlan`` for the same request, so the
 mechanisms can be compared write for write:
 
 - ``hawk``: the GPU tilizes, packs and regroups pages by destination bank (hardware.transform);
@@ -26,7 +27,7 @@ import numpy as np
 
 from hardware.dram import bank_shares, contiguous_runs, page_location
 from hardware.kv_layout import GpuKVSpec, TTKVSpec, check_block_table
-from hardware.plan import TransferPlan
+from hardware.transfer_plan import TransferPlan
 
 
 @dataclass(frozen=True)

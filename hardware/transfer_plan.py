@@ -1,4 +1,6 @@
-"""Transfer plans: the list of one-sided writes that move one request's KV cache.
+"""The transfer plan: the list of one-sided writes that move one request's KV cache (each
+mechanism's builder is in ``hardware.mechanism_plans``; the capacity plan is another thing,
+``sim.runs.capacity``).
 
 One plan, two executors: the real mode posts a plan's writes on a transport; the simulator
 prices the same plan (setup + per-write cost + bytes / bandwidth + transformation time).

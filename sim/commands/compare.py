@@ -1,0 +1,140 @@
+"""``hawk compare``: a paired comparison of two configurations, or of two recorded runs, with
+bootstrap confidence intervals and a verdict (``sim.runs.compare``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    from traces.workloads import WORKLOADS
+
+    p = sub.add_parser("compare", help="paired comparison of two configurations (or two "
+                       "recorded runs) with bootstrap confidence intervals and a verdict")
+    p.add_argument("--baseline", type=Path, required=True,
+                   help="A.toml, or a recorded run (directory or records file)")
+    p.add_argument("--candidate", type=Path, required=True,
+                   help="B.toml, or a recorded run (directory or records file)")
+    p.add_argument("--trace", type=Path, help="a trace file both arms replay")
+    p.add_argument("--workload", choices=sorted(WORKLOADS) + ["bursty"],
+                   help="a paper workload, or 'bursty': quiet customers beside a bursting one")
+    p.add_argument("--rate", type=float, help="workload rate, req/s (default 0.5)")
+    p.add_argument("--num-requests", type=int, help="requests per run")
+    p.add_argument("--duration", type=float, help="seconds of arrivals per run")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="paired repeats on fresh arrivals (--workload; default 5)")
+    p.add_argument("--seed", type=int, help="first repeat's seed (default 0)")
+    p.add_argument("--vary", action="append", metavar="KEY",
+                   help="a setting (or prefix) the configs may differ in (default: the "
+                        "policies); repeatable")
+    p.add_argument("--allow-diff", action="store_true", help="allow any other difference")
+    p.add_argument("--limits", type=Path, help="TOML: improve = METRIC, [limits] METRIC = "
+                   "worst allowed change, tenants, confidence")
+    p.add_argument("--ttft-slo", type=float, help="TTFT SLO for recorded runs")
+    p.add_argument("--tpot-slo", type=float, help="TPOT SLO for recorded runs")
+    p.add_argument("--workers", type=int, help="processes (default: one per core)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run on Ray: a local cluster, or the one at ADDRESS")
+    p.add_argument("--out", type=Path, help="write both arms' records and the comparison here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from sim.config import ConfigError
+    from sim.runs import compare as cmp
+    from traces.jsonout import dumps, writable_dir
+
+    limits = cmp.load_limits(args.limits) if args.limits else cmp.Limits()
+    if args.out is not None:
+        writable_dir(args.out)
+    if args.baseline.suffix == ".toml" or args.candidate.suffix == ".toml":
+        runs, slo, head = _compare_simulated(args, cmp)
+    else:                                   # recorded runs: real mode or replay
+        if args.trace or args.workload:
+            raise ConfigError("recorded runs already hold their requests; --trace and "
+                              "--workload are for two .toml configurations")
+        runs = [(cmp.load_recorded(args.baseline), cmp.load_recorded(args.candidate))]
+        base = runs[0][0][1]
+        slo = (args.ttft_slo or base.get("ttft_slo_s") or 2.0,
+               args.tpot_slo or base.get("tpot_slo_s") or 0.2)
+        head = f"recorded runs {args.baseline} vs {args.candidate}, paired by request id"
+    result = cmp.compare(runs, *slo, limits, seed=args.seed or 0)
+    result["inputs"] = head
+    if args.out is not None:
+        cmp.write_outputs(args.out, runs, result)
+    if args.json:
+        print(dumps(result))
+    else:
+        print(head)
+        print(format_result(result))
+        if args.out is not None:
+            print(f"records of both arms, comparison.json and regressed.csv written to "
+                  f"{args.out}/")
+    return 0
+
+
+def _compare_simulated(args, cmp):
+    """Both configs' diff (refused if hidden), their inputs, and the paired runs."""
+    from sim.config import ConfigError, load_config
+
+    baseline, candidate = load_config(args.baseline), load_config(args.candidate)
+    diff = cmp.config_diff(baseline, candidate)
+    vary = tuple(args.vary) if args.vary else cmp.POLICY_KEYS
+    if not args.json:
+        print(f"{args.baseline} -> {args.candidate} differ in:\n" + (format_diff(diff)
+                                                                   if diff else "  nothing"))
+    cmp.check_diff(diff, vary, args.allow_diff)
+    if (args.trace is None) == (args.workload is None):
+        raise ConfigError("give one of --trace FILE or --workload NAME")
+    seed = args.seed or 0
+    if args.trace is not None:
+        from traces.loaders import load_trace
+
+        trace, _ = load_trace(args.trace, max_requests=args.num_requests)
+        if args.num_requests is not None:
+            trace = trace.head(args.num_requests)
+        inputs = cmp.Inputs(trace=trace)
+        head = f"trace {args.trace} ({len(trace)} requests), one run per arm"
+    else:
+        inputs = cmp.Inputs(workload=args.workload, rate=args.rate or 0.5,
+                            num_requests=args.num_requests, duration_s=args.duration)
+        head = (f"workload {args.workload} @ {inputs.rate:g} req/s, {args.repeats} repeats "
+                f"(seeds {seed}..{seed + args.repeats - 1}), both arms on the same arrivals")
+    repeats = 1 if args.trace is not None else args.repeats
+    runs = cmp.run_pairs(baseline, candidate, inputs, repeats, seed, args.workers,
+                         progress=not args.json, ray_address=args.ray)
+    return runs, (baseline.slo.ttft_s, baseline.slo.tpot_s), head
+
+
+def format_diff(diff) -> str:
+    """The settings two configurations differ in, one per line: baseline -> candidate."""
+    width = max(len(k) for k, _, _ in diff)
+    return "\n".join(f"  {k:<{width}}  {a!r} -> {b!r}" for k, a, b in diff)
+
+
+def format_result(result: dict, top: int = 5) -> str:
+    """The effects with their CIs, the verdict and its reasons, the most regressed requests."""
+    conf = 100 * result["limits"]["confidence"]
+    lines = [f"paired over {result['unit']}; difference = candidate - baseline, "
+             f"{conf:g}% bootstrap CI",
+             f"  {'metric':<34} {'baseline':>10} {'candidate':>10} {'difference':>11}  CI"]
+    for key, e in result["effects"].items():
+        lines.append(f"  {key:<34} {e['baseline']:>10.4g} {e['candidate']:>10.4g} "
+                     f"{e['difference']:>+11.4g}  [{e['ci_low']:+.4g}, {e['ci_high']:+.4g}]")
+    v = result["verdict"]
+    lines.append(f"verdict: keep the {v['keep']} (improve {result['limits']['improve']}"
+                 + (f"; limits {result['limits']['limits']})" if result['limits']['limits']
+                    else ")"))
+    lines += [f"  - {r}" for r in v["reasons"]]
+    if not result["regressed"]:
+        lines.append("no request got worse (first repeat)")
+    else:
+        lines.append(f"most regressed requests (first repeat, {len(result['regressed'])} "
+                     f"saved):")
+        for r in result["regressed"][:top]:
+            who = f" [{r['tenant']}]" if "tenant" in r else ""
+            lines.append(f"  request {r['request_id']}{who}: {r['status_baseline']} -> "
+                         f"{r['status_candidate']}, TTFT {r['ttft_change_s']:+.3f} s, "
+                         f"E2E {r['e2e_change_s']:+.3f} s")
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""``hawk plan``: the cheapest and the most power-efficient cluster that meet the SLOs at a
+rate (``sim.runs.capacity``), from flags naming the space to search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.commands.args import add_common, config_from_args
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="the cheapest and the most power-efficient cluster that "
+                       "meet the SLOs at a rate, and the cost/goodput Pareto frontier")
+    add_common(p)
+    p.add_argument("--rate", type=float, required=True, help="the load to plan for, req/s")
+    p.add_argument("--slo", metavar="TTFT_S,TPOT_S", help="SLOs (default: the workload's)")
+    p.add_argument("--target", type=float, default=0.9, help="attainment target (default 0.9)")
+    p.add_argument("--catalog", type=Path, help="TOML of host/NIC prices, amortisation and "
+                   "energy price laid over the profile's [cost] table (sim.models.cost)")
+    p.add_argument("--prefill-devices", help="comma-separated (default: every GPU timed)")
+    p.add_argument("--decode-devices", help="comma-separated (default: every device timed)")
+    p.add_argument("--tp", default="1,2,4,8", help="TP degrees to try (default 1,2,4,8)")
+    p.add_argument("--batch-sizes", help="decode max batch sizes (default: the device's)")
+    p.add_argument("--mechanisms", help="transfer mechanisms (default: all that apply)")
+    p.add_argument("--max-instances", type=int, default=8, help="per phase (default 8)")
+    p.add_argument("--max-candidates", type=int, default=24,
+                   help="configurations simulated at the rate, at most (default 24)")
+    p.add_argument("--max-knees", type=int, default=6,
+                   help="of which knees are bisected, meeting the target first (default 6)")
+    p.add_argument("--workers", type=int, help="processes (default: one per core)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run on Ray: a local cluster, or the one at ADDRESS")
+    p.add_argument("--plot", type=Path, help="write a PNG of the frontier")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from sim.config import ConfigError
+    from sim.models.transfer import MECHANISMS
+    from sim.runs import capacity as pl
+    from traces.jsonout import dumps, writable_file
+
+    if args.slo is not None:
+        try:
+            args.ttft_slo, args.tpot_slo = (float(x) for x in args.slo.split(","))
+        except ValueError:
+            raise ConfigError(f"--slo {args.slo!r}: expected TTFT_S,TPOT_S (e.g. 2,0.2)") from None
+    if args.rate is None or not args.rate > 0:
+        raise ConfigError(f"--rate must be > 0 req/s, got {args.rate}")
+    if not 0 < args.target <= 1:
+        raise ConfigError(f"--target must be in (0, 1], got {args.target}")
+    config = config_from_args(args)
+    if args.plot is not None:
+        writable_file(args.plot, "--plot")
+    space = pl.Space(prefill_devices=_names(args.prefill_devices),
+                     decode_devices=_names(args.decode_devices),
+                     tps=tuple(_ints(args.tp, "--tp")),
+                     decode_batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
+                     mechanisms=_names(args.mechanisms, MECHANISMS, "--mechanisms"),
+                     max_instances=args.max_instances, max_candidates=args.max_candidates,
+                     max_knees=args.max_knees)
+    result = pl.plan(config, args.rate, args.target, space, pl.load_costs(args.catalog),
+                     args.workers, progress=not args.json, ray_address=args.ray)
+    if args.plot is not None:
+        pl.plot_plan(result, args.plot)
+    print(dumps(result) if args.json else pl.format_plan(result))
+    return 0
+
+
+def _names(text, allowed=None, flag=""):
+    from sim.config import ConfigError
+
+    if text is None:
+        return None
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [n for n in names if allowed is not None and n not in allowed]
+    if bad or not names:
+        raise ConfigError(f"{flag} {text!r}: choose from {sorted(allowed or [])}")
+    return names
+
+
+def _ints(text, flag):
+    from sim.config import ConfigError
+
+    if text is None:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} {text!r}: values must be >= 1")
+    return values

@@ -47,7 +47,7 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
              ("$ per successful request", _fmt(summary["usd_per_request"])),
              ("simulated time (s)", _fmt(summary.get("simulated_time_s", math.nan))),
              ("wall time (s)", _fmt(summary.get("sim_wall_time_s", math.nan)))]
-    rows += _capacity_rows(summary)
+    rows += _capacity_rows(summary, cl.kind)
     rows += _profile_rows(summary.get("profile"))
     for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
         rows.append(("failures" if k == 0 else "", reason))
@@ -60,10 +60,13 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
     return text
 
 
-def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
+def _capacity_rows(summary: dict, kind: str = "disaggregated") -> list[tuple[str, str]]:
     """What limits capacity: utilisations, and what each stage adds to TTFT (mean / P90)."""
     rows = []
-    if "bottleneck" in summary:
+    if "aggregated_utilization" in summary:   # an aggregated pool (sim.engine.pools.pool_use)
+        rows.append(("utilisation" if kind == "aggregated" else
+                     "aggregated pool", _pool_use(summary)))
+    if "bottleneck" in summary and kind != "aggregated":
         shares = " / ".join(f"{name} {percent(summary[f'{name}_utilization'])}"
                             for name in ("prefill", "link", "decode"))
         if "decode_occupancy" in summary:
@@ -75,6 +78,17 @@ def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
             rows.append((f"TTFT {stage.replace('_', ' ')} mean/P90 (s)",
                          f"{_fmt(mean)} / {_fmt(p90)}"))
     return rows
+
+
+def _pool_use(summary: dict) -> str:
+    names = {"steps": "busy", "kv_blocks": "KV blocks", "batch_slots": "batch slots"}
+    share = lambda v: "n/a" if v is None or math.isnan(v) else f"{100 * v:.2g}%"
+    return (f"aggregated {percent(summary['aggregated_utilization'])} busy, KV blocks "
+            f"{share(summary['aggregated_kv_use'])}, batch slots "
+            f"{share(summary['aggregated_slot_use'])} (most loaded: "
+            f"{names.get(summary['aggregated_bottleneck'], 'n/a')}; "
+            f"{percent(summary.get('aggregated_compute_bound_share'))} of busy time "
+            f"compute-bound)")
 
 
 def _profile_rows(profile: dict | None) -> list[tuple[str, str]]:

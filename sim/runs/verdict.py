@@ -68,6 +68,19 @@ def shape_of(config) -> str:
     return f"{kinds['prefill']}+{kinds['decode']}"
 
 
+def describe(config) -> str:
+    """One line: the deployment, its shape and its pools."""
+    cl = config.cluster
+    if cl.kind != "disaggregated":
+        from sim.engine.pools import describe_pools
+
+        return f"{shape_of(config)}: {describe_pools(cl)}"
+    p, d = cl.prefill, cl.decode
+    return (f"{shape_of(config)} disaggregated: prefill {p.num_instances}x({p.tp}x "
+            f"{p.device}) -> decode {d.num_instances}x({d.tp}x {d.device}) via "
+            f"{cl.link.mechanism}")
+
+
 def binds(summary: dict, stats: dict) -> tuple[str, str]:
     """(what binds, why) for one run (the module docstring's order)."""
     statuses = summary.get("statuses", {})

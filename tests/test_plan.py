@@ -14,7 +14,8 @@ from sim.models import cost
 from sim.models.cost import SECONDS_PER_YEAR, capex_usd, cost_inputs
 
 SMALL = pl.Space(prefill_devices=("a100-pcie",), decode_devices=("p150a",), tps=(4,),
-                 mechanisms=("GN-HAWK",), max_instances=3, max_candidates=4, max_knees=2)
+                 mechanisms=("GN-HAWK",), max_instances=3, max_candidates=4, max_knees=2,
+                 deployments=("disaggregated",))
 
 
 def test_the_planner_prices_by_the_profile_with_the_users_catalog_over_it(tmp_path):
@@ -45,7 +46,7 @@ def test_a_runs_summary_and_the_planner_give_one_cost_per_success():
 
 def test_bounds_prune_before_simulating():
     space = pl.Space(prefill_devices=("a100-pcie",), decode_devices=("p150a",), tps=(1, 2, 4),
-                     mechanisms=("GN-HAWK",), max_instances=8)
+                     mechanisms=("GN-HAWK",), max_instances=8, deployments=("disaggregated",))
     cap = pl.phase_capacity(RunConfig(), "prefill", *pl._mean_lengths("chatbot"))
     rate = 2.5 * cap / 0.9                   # one TP4 prefill instance cannot keep up
     found, pruned = pl.candidates(RunConfig(), space, rate=rate, target=0.9)
@@ -87,6 +88,7 @@ def test_cli_json_names_the_cheapest_with_its_knee_and_cost(tmp_path, capsys):
     assert main(["plan", "--workload", "chatbot", "--rate", "0.5", "--num-requests", "200",
                  "--prefill-devices", "a100-pcie", "--decode-devices", "p150a", "--tp", "4",
                  "--mechanisms", "GN-HAWK", "--max-candidates", "2", "--max-knees", "1",
+                 "--deployments", "disaggregated",
                  "--workers", "1", "--plot", str(plot), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     cheapest = result["cheapest"]

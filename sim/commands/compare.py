@@ -27,8 +27,10 @@ def add_parser(sub) -> None:
                    help="paired repeats on fresh arrivals (--workload; default 5)")
     p.add_argument("--seed", type=int, help="first repeat's seed (default 0)")
     p.add_argument("--vary", action="append", metavar="KEY",
-                   help="a setting (or prefix) the configs may differ in (default: the "
-                        "policies); repeatable")
+                   help="a setting (or prefix) the configs may differ in, or a group: "
+                        "'policies' (the default) or 'deployment' (the cluster's shape: "
+                        "aggregated vs disaggregated, devices, instances, link, routing; the "
+                        "default where cluster.kind differs); repeatable")
     p.add_argument("--allow-diff", action="store_true", help="allow any other difference")
     p.add_argument("--limits", type=Path, help="TOML: improve = METRIC, [limits] METRIC = "
                    "worst allowed change, tenants, confidence")
@@ -52,18 +54,22 @@ def run(args) -> int:
     if args.out is not None:
         writable_dir(args.out)
     if args.baseline.suffix == ".toml" or args.candidate.suffix == ".toml":
-        runs, slo, head = _compare_simulated(args, cmp)
+        runs, slo, head, shapes = _compare_simulated(args, cmp)
+        if shapes and args.limits is None:  # does the other deployment pay off?
+            limits = cmp.DEPLOYMENT_LIMITS
     else:                                   # recorded runs: real mode or replay
         if args.trace or args.workload:
             raise ConfigError("recorded runs already hold their requests; --trace and "
                               "--workload are for two .toml configurations")
-        runs = [(cmp.load_recorded(args.baseline), cmp.load_recorded(args.candidate))]
+        runs, shapes = [(cmp.load_recorded(args.baseline), cmp.load_recorded(args.candidate))], None
         base = runs[0][0][1]
         slo = (args.ttft_slo or base.get("ttft_slo_s") or 2.0,
                args.tpot_slo or base.get("tpot_slo_s") or 0.2)
         head = f"recorded runs {args.baseline} vs {args.candidate}, paired by request id"
     result = cmp.compare(runs, *slo, limits, seed=args.seed or 0)
     result["inputs"] = head
+    if args.baseline.suffix == ".toml" and shapes:
+        result["deployments"] = dict(zip(("baseline", "candidate"), shapes))
     if args.out is not None:
         cmp.write_outputs(args.out, runs, result)
     if args.json:
@@ -83,10 +89,18 @@ def _compare_simulated(args, cmp):
 
     baseline, candidate = load_config(args.baseline), load_config(args.candidate)
     diff = cmp.config_diff(baseline, candidate)
-    vary = tuple(args.vary) if args.vary else cmp.POLICY_KEYS
+    vary = cmp.allowed_keys(diff, tuple(args.vary) if args.vary else None)
+    shapes = None
+    if "cluster.kind" in vary:                  # a deployment comparison
+        from sim.runs.verdict import describe
+
+        shapes = (describe(baseline), describe(candidate))
     if not args.json:
-        print(f"{args.baseline} -> {args.candidate} differ in:\n" + (format_diff(diff)
-                                                                   if diff else "  nothing"))
+        if shapes:
+            print(format_deployments(*shapes))
+            diff_shown = cmp.shared_differences(diff)
+        print(f"{args.baseline} -> {args.candidate} differ in:\n" + (
+            format_diff(diff_shown if shapes else diff) if diff else "  nothing"))
     cmp.check_diff(diff, vary, args.allow_diff)
     if (args.trace is None) == (args.workload is None):
         raise ConfigError("give one of --trace FILE or --workload NAME")
@@ -108,7 +122,13 @@ def _compare_simulated(args, cmp):
     _announce(args, baseline, inputs, repeats)
     runs = cmp.run_pairs(baseline, candidate, inputs, repeats, seed, args.workers,
                          progress=not args.json, ray_address=args.ray)
-    return runs, (baseline.slo.ttft_s, baseline.slo.tpot_s), head
+    return runs, (baseline.slo.ttft_s, baseline.slo.tpot_s), head, shapes
+
+
+def format_deployments(baseline: str, candidate: str) -> str:
+    """The two deployments compared, one line each (same model, profile, SLOs, requests)."""
+    return (f"comparing deployments on the same requests and seeds:\n"
+            f"  baseline   {baseline}\n  candidate  {candidate}")
 
 
 def _announce(args, baseline, inputs, repeats: int) -> None:
@@ -137,6 +157,8 @@ def _announce(args, baseline, inputs, repeats: int) -> None:
 
 def format_diff(diff) -> str:
     """The settings two configurations differ in, one per line: baseline -> candidate."""
+    if not diff:
+        return "  nothing beyond the pools above"
     width = max(len(k) for k, _, _ in diff)
     return "\n".join(f"  {k:<{width}}  {a!r} -> {b!r}" for k, a, b in diff)
 

@@ -11,7 +11,8 @@ from sim.commands.args import (add_common, add_max_wall, add_workers, announce,
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="the cheapest and the most power-efficient cluster that "
-                       "meet the SLOs at a rate, and the cost/goodput Pareto frontier")
+                       "meet the SLOs at a rate, aggregated or disaggregated, with a verdict, "
+                       "and the cost/goodput Pareto frontier")
     add_common(p)
     p.add_argument("--rate", type=float, required=True, help="the load to plan for, req/s")
     p.add_argument("--slo", metavar="TTFT_S,TPOT_S", help="SLOs (default: the workload's)")
@@ -24,6 +25,10 @@ def add_parser(sub) -> None:
     p.add_argument("--tp", default="1,2,4,8", help="TP degrees to try (default 1,2,4,8)")
     p.add_argument("--batch-sizes", help="decode max batch sizes (default: the device's)")
     p.add_argument("--mechanisms", help="transfer mechanisms (default: all that apply)")
+    p.add_argument("--aggregated-devices", help="comma-separated devices of aggregated "
+                   "candidates (default: every device timed)")
+    p.add_argument("--deployments", default="aggregated,disaggregated",
+                   help="deployments searched (default: aggregated,disaggregated)")
     p.add_argument("--max-instances", type=whole_number("--max-instances"), default=8, help="per phase (default 8)")
     p.add_argument("--max-candidates", type=whole_number("--max-candidates"), default=24,
                    help="configurations simulated at the rate, at most (default 24)")
@@ -60,6 +65,8 @@ def run(args) -> int:
                      tps=tuple(_ints(args.tp, "--tp")),
                      decode_batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
                      mechanisms=_names(args.mechanisms, MECHANISMS, "--mechanisms"),
+                     aggregated_devices=_names(args.aggregated_devices),
+                     deployments=_names(args.deployments, pl.DEPLOYMENTS, "--deployments"),
                      max_instances=args.max_instances, max_candidates=args.max_candidates,
                      max_knees=args.max_knees)
     _announce(args, config)

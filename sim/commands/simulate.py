@@ -48,7 +48,7 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
              ("$ per successful request", _fmt(summary["usd_per_request"])),
              ("simulated time (s)", _fmt(summary.get("simulated_time_s", math.nan))),
              ("wall time (s)", _fmt(summary.get("sim_wall_time_s", math.nan)))]
-    rows += _capacity_rows(summary)
+    rows += _capacity_rows(summary, cl.kind)
     rows += _offered_rows(summary)
     rows += _profile_rows(summary.get("profile"))
     for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
@@ -69,7 +69,7 @@ ZERO_BY_CONSTRUCTION = {"first_decode": "none: the first token arrives with the 
                                         "(the prefill side computes it)"}
 
 
-def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
+def _capacity_rows(summary: dict, kind: str = "disaggregated") -> list[tuple[str, str]]:
     """What limits capacity, and what each stage adds to TTFT (mean / P90).
 
     Busy share: the time a stage is working. A decode instance iterates whenever one request
@@ -78,7 +78,10 @@ def _capacity_rows(summary: dict) -> list[tuple[str, str]]:
     side for a batch slot) per batch slot, which passes 100% when a queue waits there. The
     most loaded stage is the highest of prefill busy, link busy and decode load."""
     rows = []
-    if "bottleneck" in summary:
+    if "aggregated_utilization" in summary:   # an aggregated pool (sim.engine.pools.pool_use)
+        rows.append(("utilisation" if kind == "aggregated" else
+                     "aggregated pool", _pool_use(summary)))
+    if "bottleneck" in summary and kind != "aggregated":
         shares = " / ".join(f"{name} {percent(summary[f'{name}_utilization'])}"
                             for name in ("prefill", "link", "decode"))
         rows.append(("utilisation", f"{shares} busy (share of the time working)"))
@@ -122,6 +125,17 @@ def _offered_rows(summary: dict) -> list[tuple[str, str]]:
 
 #: a busy share at or past this is saturated (queues grow)
 SATURATED = 0.95
+
+
+def _pool_use(summary: dict) -> str:
+    names = {"steps": "busy", "kv_blocks": "KV blocks", "batch_slots": "batch slots"}
+    share = lambda v: "n/a" if v is None or math.isnan(v) else f"{100 * v:.2g}%"
+    return (f"aggregated {percent(summary['aggregated_utilization'])} busy, KV blocks "
+            f"{share(summary['aggregated_kv_use'])}, batch slots "
+            f"{share(summary['aggregated_slot_use'])} (most loaded: "
+            f"{names.get(summary['aggregated_bottleneck'], 'n/a')}; "
+            f"{percent(summary.get('aggregated_compute_bound_share'))} of busy time "
+            f"compute-bound)")
 
 
 def _profile_rows(profile: dict | None) -> list[tuple[str, str]]:

@@ -271,14 +271,14 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     slots = config.cluster.decode.num_instances * config.cluster.decode.max_batch_size
     occupancy = in_decode / slots
     summary.update(metrics.utilization(stats, float(env.now), occupancy))
+    if pool is not None:             # its stats first: the cost model prices every pool
+        pools.add_pool(summary, stats, pool, config, float(env.now), records)
     summary.update(_power_and_cost(stats, summary, config,
                                    measured.tables if measured is not None else None))
     if measured is not None:
         summary["profile"] = {"path": measured.profile.path,
                               "complete": measured.profile.complete,
                               "extrapolated": measured.extrapolation()}
-    if pool is not None:
-        pools.add_pool(summary, stats, pool, config, float(env.now))
     summary["config"] = provenance(config)      # every resolved value and where it came from
     return RunResult(config, records, summary, stats,
                      aggregate=None if stream is None else ledger.aggregate)
@@ -314,7 +314,8 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
     summary["simulated_time_s"] = span = float(env.now)
     stats = pools.pool_stats(pool, span)
     summary.update(metrics.utilization(stats, span))
-    summary.update(pools.aggregated_energy(stats, summary, config))
+    summary.update(pools.pool_use(stats, records, config, span))
+    summary.update(_power_and_cost(stats, summary, config))
     summary["config"] = provenance(config)
     return RunResult(config, records, summary, stats,
                      aggregate=None if stream is None else ledger.aggregate)
@@ -329,10 +330,14 @@ def _power_and_cost(stats: dict, summary: dict, config: RunConfig,
 
     energy = run_energy(stats, summary, config, tables)
     cost = run_cost(stats, summary, config, tables)
-    return {"energy_j": energy["energy_j"], "average_power_w": energy["average_power_w"],
-            "tokens_per_joule": energy["tokens_per_joule"],
-            "tokens_per_s_per_dollar": cost["tokens_per_s_per_dollar"],
-            "usd_per_request": cost["usd_per_request"]}
+    out = {"energy_j": energy["energy_j"], "average_power_w": energy["average_power_w"],
+           "tokens_per_joule": energy["tokens_per_joule"],
+           "tokens_per_s_per_dollar": cost["tokens_per_s_per_dollar"],
+           "usd_per_request": cost["usd_per_request"]}
+    if "aggregated_energy_j" in energy:       # an aggregated pool's share of it
+        out["aggregated_energy_j"] = energy["aggregated_energy_j"]
+        out["aggregated_compute_bound_share"] = energy["aggregated_compute_bound_share"]
+    return out
 
 
 def _inject_faults(env, config: RunConfig, decodes: list, reroute) -> None:

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from policies import resolve
 from sim.config import ConfigError, RunConfig
 from sim.engine.aggregated import AggregatedInstance
 from sim.engine.router import LazyArrivals, PoolRouter
+from sim.models.power import StepMeter
 
 
 def aggregated_pool(env, config: RunConfig, ledger, predictor, blocks: int, trace=None,
@@ -39,7 +42,8 @@ def aggregated_pool(env, config: RunConfig, ledger, predictor, blocks: int, trac
                 f"or choose a smaller kv_dtype")
     pol = cl.policies
     fair = None if pol.fairness == "fcfs" else resolve("fairness", pol.fairness)
-    return [AggregatedInstance(env, k, ledger, predictor, max_batch_size=inst.max_batch_size,
+    return [AggregatedInstance(env, k, ledger, StepMeter(predictor),
+                               max_batch_size=inst.max_batch_size,
                                max_batch_tokens=inst.max_batch_tokens, num_blocks=blocks,
                                block_size=inst.block_size, fast_forward=cl.fast_forward,
                                fairness=fair(pol.tenant_weights, pol.priority_tenants)
@@ -105,30 +109,15 @@ def pool_stats(pool: list, now: float) -> dict:
 
 
 def aggregated_stats(pool: list, now: float) -> dict:
-    return {"aggregated_busy_s": [a.busy_within(now) for a in pool],
+    busy = [a.busy_within(now) for a in pool]
+    return {"aggregated_busy_s": busy,
+            "aggregated_compute_bound_s": [min(a.predictor.compute_bound_s, b)
+                                           for a, b in zip(pool, busy)],
             "aggregated_steps": [a.num_steps for a in pool],
             "aggregated_wakeups": [a.num_wakeups for a in pool],
             "aggregated_preemptions": [a.num_preemptions for a in pool],
             "aggregated_capacity_blocks": pool[0].num_blocks if pool else 0,
             "aggregated_blocks_in_use": [a.num_blocks - a.free_blocks for a in pool]}
-
-
-def aggregated_energy(stats: dict, summary: dict, config: RunConfig) -> dict:
-    """Energy of the aggregated pool's devices (``sim.models.power``): busy at the decode
-    phase's power (an aggregated step streams the weights as a decode step does), idle
-    otherwise. Dollars per request are left to the cost model (NaN here)."""
-    from sim.models.power import device_energy_j, power_model, profile_of
-
-    inst = config.cluster.aggregated
-    model = power_model(profile_of(config), inst.device)
-    span = float(summary["simulated_time_s"])
-    joules = sum(inst.tp * device_energy_j(model, "decode", b, span)
-                 for b in stats["aggregated_busy_s"])
-    power = joules / span if span > 0 else 0.0
-    tps = float(summary.get("output_tokens_per_s", 0.0))
-    return {"energy_j": joules, "average_power_w": power,
-            "tokens_per_joule": tps / power if power > 0 else 0.0,
-            "tokens_per_s_per_dollar": math.nan, "usd_per_request": math.nan}
 
 
 def beside_pd(env, config: RunConfig, ledger, prefills: list, decodes: list,
@@ -151,18 +140,44 @@ def beside_pd(env, config: RunConfig, ledger, prefills: list, decodes: list,
     return pool
 
 
-def add_pool(summary: dict, stats: dict, pool: list, config: RunConfig, now: float) -> None:
-    """A ``kind = "both"`` run's summary and stats with its aggregated pool: its stats, and
-    its energy added to the P/D pool's."""
+def add_pool(summary: dict, stats: dict, pool: list, config: RunConfig, now: float,
+             records=None) -> None:
+    """A ``kind = "both"`` run's stats and summary with its aggregated pool (its energy and
+    cost are the cost model's, over every pool: ``sim.models.power``, ``sim.models.cost``)."""
     stats.update(aggregated_stats(pool, now))
-    energy = aggregated_energy(stats, summary, config)
-    summary["aggregated_energy_j"] = energy["energy_j"]
-    summary["aggregated_utilization"] = (sum(stats["aggregated_busy_s"]) / len(pool) / now
-                                         if now > 0 else math.nan)
-    total = summary["energy_j"] + energy["energy_j"]
-    power = total / now if now > 0 else 0.0
-    summary.update(energy_j=total, average_power_w=power,
-                   tokens_per_joule=summary["output_tokens_per_s"] / power if power else 0.0)
+    offset = pool[0].record_index if pool else 0
+    summary.update(pool_use(stats, records, config, now, offset))
+
+
+def pool_use(stats: dict, records, config: RunConfig, span: float, offset: int = 0) -> dict:
+    """How full the aggregated pool ran: its busy share (``aggregated_utilization``), the
+    mean share of its KV blocks and of its batch slots in use (``aggregated_kv_use``,
+    ``aggregated_slot_use``), and which of the three is highest (``aggregated_bottleneck``).
+
+    The last two come from the records (Little's law; NaN for a streamed run): a request
+    holds a batch slot from its first step to its end, its prompt's KV from its first step
+    and its outputs' as they are generated (half of them on average over its decode).
+    Preemptions and block rounding are left out, so it is an estimate."""
+    inst = config.cluster.aggregated
+    n = max(len(stats["aggregated_busy_s"]), 1)
+    busy = sum(stats["aggregated_busy_s"]) / n / span if span > 0 else math.nan
+    kv = slots = math.nan
+    if records is not None and span > 0:
+        mine = records[records["prefill_instance"].to_numpy() >= offset]
+        start = mine["prefill_start_at"].to_numpy(dtype=float)
+        first = mine["first_token_at"].to_numpy(dtype=float)
+        end = np.where(np.isnan(mine["finished_at"].to_numpy(dtype=float)), first,
+                       mine["finished_at"].to_numpy(dtype=float))
+        prompt = mine["num_prompt_tokens"].to_numpy(dtype=float)
+        output = mine["num_output_tokens"].to_numpy(dtype=float)
+        held = np.nansum((first - start) * prompt + (end - first) * (prompt + output / 2))
+        kv = float(held) / (span * n * stats["aggregated_capacity_blocks"] * inst.block_size)
+        slots = float(np.nansum(end - start)) / (span * n * inst.max_batch_size)
+    shares = {"steps": busy, "kv_blocks": kv, "batch_slots": slots}
+    known = {k: v for k, v in shares.items() if not math.isnan(v)}
+    return {"aggregated_utilization": busy, "aggregated_kv_use": kv,
+            "aggregated_slot_use": slots,
+            "aggregated_bottleneck": max(known, key=known.get) if known else None}
 
 
 def describe_pools(cluster) -> str:

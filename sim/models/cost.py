@@ -14,7 +14,11 @@ profile's ``[cost]`` table key by key (``with_overrides``).
   devices sit in; an instance of tp devices takes ceil(tp / devices_per_host) of them (a TP
   group stays in one box, instances never share one);
 - network: ``[cost.nic]`` ``price_usd``, ``power_w``: one RDMA NIC per instance carries its KV
-  cache (sim/engine/link.py).
+  cache (sim/engine/link.py). An aggregated instance moves no KV cache but serves its clients
+  through a NIC of its own, priced alike (an assumption).
+
+The devices, hosts and NICs are those of the instance tables the cluster serves from
+(``[cluster] kind``: prefill and decode, aggregated, or all three).
 
 A ``[cost.host]`` or ``[cost.nic]`` table left out is not priced (no servers or NICs are
 counted); a profile without ``[cost]`` is amortised over 3 years with free electricity. The
@@ -29,7 +33,7 @@ paper profile gives every table.
   / requests finished; the summary's ``usd_per_request`` and the planner's
   ``usd_per_success`` are this one figure.
 - Cost efficiency (docs/paper.md 5, ``tokens_per_s_per_dollar``) = output tokens/s over the
-  summed price of the prefill and decode devices only (``capex_usd``), as the paper defines it.
+  summed price of the serving devices only (``capex_usd``), as the paper defines it.
 
 Pure functions of ``(stats, summary, config, profile)``.
 """
@@ -39,7 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sim.models.power import PHASES, profile_of, run_energy
+from sim.models.power import profile_of, roles_of, run_energy
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
 J_PER_KWH = 3.6e6
@@ -121,16 +125,17 @@ def device_price(profile: dict, device: str) -> float:
 
 
 def devices_of(config) -> list[tuple[str, int]]:
-    """(device, count) for the prefill and the decode side of a run."""
+    """(device, count) for each instance table of a run: the prefill and the decode side,
+    the aggregated pool, or all three (``[cluster] kind``)."""
     cl = config.cluster
     return [(getattr(cl, p).device, getattr(cl, p).tp * getattr(cl, p).num_instances)
-            for p in PHASES]
+            for p in roles_of(config)]
 
 
 def hosts_and_nics(config, inputs: CostInputs) -> tuple[int, int]:
     """Servers and NICs the cluster needs (0 of what the profile does not price)."""
     hosts = nics = 0
-    for p in PHASES:
+    for p in roles_of(config):
         inst = getattr(config.cluster, p)
         if inputs.host is not None:
             hosts += inst.num_instances * math.ceil(inst.tp / inputs.host["devices_per_host"])

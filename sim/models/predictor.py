@@ -127,6 +127,12 @@ class Predictor:
         no context before ``prefill_time([num_tokens])``, exactly."""
         raise NotImplementedError
 
+    def mixed_step(self, prefill_chunks: Sequence[tuple[int, int]],
+                   decode_contexts: Sequence[int]) -> tuple[float, bool]:
+        """(``mixed_step_time``, whether the step is compute-bound): a step with a prompt
+        chunk is taken to be, one of decodes only not (a table has no roofline to ask)."""
+        return (self.mixed_step_time(prefill_chunks, decode_contexts), bool(prefill_chunks))
+
     def decode_step_time(self, batch: int, context: int) -> float:
         return float(self.decode_step_times(batch, np.array([context], dtype=np.float64))[0])
 
@@ -228,9 +234,16 @@ class RooflinePredictor(Predictor):
         its tokens' KV and reading its context's; each decode sequence's KV read; one
         all-reduce of all the step's tokens; one step overhead. With a chunk in the step the
         weights are read at the prefill memory efficiency."""
+        return self.mixed_step(prefill_chunks, decode_contexts)[0]
+
+    def mixed_step(self, prefill_chunks: Sequence[tuple[int, int]],
+                   decode_contexts: Sequence[int]) -> tuple[float, bool]:
+        """(``mixed_step_time``, whether its roofline's compute term exceeds its memory
+        term); decodes alone: the decode step's time, memory-bound."""
         batch = len(decode_contexts)
         if not prefill_chunks:
-            return self.decode_step_time(batch, int(sum(decode_contexts))) if batch else 0.0
+            return (self.decode_step_time(batch, int(sum(decode_contexts))) if batch
+                    else 0.0), False
         tokens = sum([n for n, _ in prefill_chunks])
         # causal pairs of a chunk of n tokens after c: n c + n (n + 1) / 2 (twice: even)
         twice_pairs = sum([n * (2 * c + n + 1) for n, c in prefill_chunks])
@@ -248,7 +261,7 @@ class RooflinePredictor(Predictor):
         roof = memory if memory > compute else compute
         if self.tp > 1:
             roof += self.allreduce_time(int(tokens) + batch)
-        return roof + self.eff.step_overhead_s
+        return roof + self.eff.step_overhead_s, compute >= memory
 
     def _decode_lines(self, batch: int) -> tuple[float, float, float, float, float]:
         """Step time = const + max(c0 + c1 * context, m0 + m1 * context), cached per batch."""

@@ -5,7 +5,11 @@
 1. The two configurations may differ only where the user says (``--vary``, by default the
    serving policies: ``POLICY_KEYS``). The diff of their resolved settings is printed; any
    other difference is refused unless ``--allow-diff``. Workload and seed come from the command
-   line, so both arms see identical inputs.
+   line, so both arms see identical inputs. ``--vary deployment`` (``DEPLOYMENT_KEYS``) lets
+   the deployment's shape differ: an aggregated baseline against a disaggregated candidate
+   (or another aggregated one), its devices, TPs, instance counts, link and routing, with the
+   same model, profile and SLOs; two configurations of different ``cluster.kind`` compare so
+   without ``--vary`` (``allowed_keys``).
 2. Common random numbers: repeat k feeds the *same* trace to both arms (a trace file, or the
    workload's arrivals drawn with seed ``seed + k``); a run is deterministic given its trace.
 3. Paired differences (candidate - baseline) of ``METRICS``, overall and per tenant, with
@@ -33,9 +37,16 @@ from sim.config import ConfigError, RunConfig, provenance
 #: the settings a policy comparison may change without --vary
 POLICY_KEYS = ("cluster.routing", "cluster.decode_routing", "cluster.policies",
                "cluster.decode.admission")
+#: what a deployment comparison may change (``--vary deployment``): the cluster's shape and
+#: its pools, and how requests are routed among them
+DEPLOYMENT_KEYS = ("cluster.kind", "cluster.aggregated", "cluster.prefill", "cluster.decode",
+                   "cluster.link", "cluster.pool_routing", "cluster.aggregated_share",
+                   *POLICY_KEYS)
+#: named groups of --vary
+VARY_GROUPS = {"policies": POLICY_KEYS, "deployment": DEPLOYMENT_KEYS}
 #: metric -> +1 where higher is better, -1 where lower is better
 METRICS = {"slo_attainment": +1, "output_tokens_per_s": +1, "failure_rate": -1,
-           "usd_per_success": -1, "ttft_p90_s": -1, "tpot_p90_s": -1}
+           "usd_per_success": -1, "tokens_per_joule": +1, "ttft_p90_s": -1, "tpot_p90_s": -1}
 RESAMPLES = 1000
 
 
@@ -56,6 +67,24 @@ def hidden_differences(diff, vary=POLICY_KEYS) -> list[str]:
             if not any(k == v or k.startswith(v + ".") for v in vary)]
 
 
+def allowed_keys(diff, vary: tuple | None = None) -> tuple:
+    """What may differ: ``vary``'s keys with its groups (``VARY_GROUPS``) expanded; without
+    ``vary``, the policies, or the deployment's keys where ``cluster.kind`` differs."""
+    if vary is None:
+        kinds_differ = any(k == "cluster.kind" for k, _, _ in diff)
+        return DEPLOYMENT_KEYS if kinds_differ else POLICY_KEYS
+    return tuple(dict.fromkeys(k for v in vary for k in VARY_GROUPS.get(v, (v,))))
+
+
+def shared_differences(diff) -> list:
+    """``diff`` less the keys of a pool only one side has (a deployment comparison shows the
+    pools whole)."""
+    own = ("cluster.kind", "cluster.aggregated.", "cluster.prefill.", "cluster.decode.",
+           "cluster.link.", "cluster.decode_routing", "cluster.pool_routing",
+           "cluster.aggregated_share")
+    return [(k, a, b) for k, a, b in diff if not (k.startswith(own) and None in (a, b))]
+
+
 def check_diff(diff, vary=POLICY_KEYS, allow: bool = False) -> None:
     hidden = hidden_differences(diff, vary)
     if not diff:
@@ -63,7 +92,8 @@ def check_diff(diff, vary=POLICY_KEYS, allow: bool = False) -> None:
                           "nothing to compare")
     if hidden and not allow:
         raise ConfigError(f"the configurations also differ in {hidden}, outside what may vary "
-                          f"({list(vary)}); name them with --vary or pass --allow-diff")
+                          f"({list(vary)}); name them with --vary (a key, a prefix, or "
+                          f"{' / '.join(VARY_GROUPS)}) or pass --allow-diff")
 
 
 # -- limits and verdict ---------------------------------------------------------------------
@@ -96,6 +126,11 @@ class Limits:
     @property
     def improve_key(self) -> str:
         return f"{self.improve}[{','.join(self.tenants)}]" if self.tenants else self.improve
+
+
+#: a deployment comparison's default limits: the candidate must be cheaper per successful
+#: request, at no more than one point of attainment lost
+DEPLOYMENT_LIMITS = Limits(improve="usd_per_success", limits={"slo_attainment": -0.01})
 
 
 def load_limits(path) -> Limits:
@@ -157,10 +192,11 @@ class Arm:
     tenant: np.ndarray     # str (object); "" without tenants
     span_s: float          # first arrival to last ok finish
     cost_usd: float        # the run's whole cost (NaN when unknown)
+    energy_j: float = math.nan   # the run's devices' energy (NaN when unknown)
 
     @classmethod
     def of(cls, frame, ttft_slo_s: float, tpot_slo_s: float,
-           usd_per_request: float | None = None) -> "Arm":
+           usd_per_request: float | None = None, energy_j: float | None = None) -> "Arm":
         from traces import metrics
 
         frame = frame.sort_values("request_id").reset_index(drop=True)
@@ -176,7 +212,8 @@ class Arm:
                    ok, ~ok & (status != "unfinished"),
                    frame["num_generated_tokens"].to_numpy(dtype=float),
                    np.where(ok, metrics.ttft(frame), np.nan), np.where(ok, metrics.tpot(frame), np.nan),
-                   tenant, span, float(cost))
+                   tenant, span, float(cost),
+                   float(energy_j) if energy_j is not None else math.nan)
 
 
 def arm_metrics(arm: Arm, idx: np.ndarray, groups: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -189,6 +226,7 @@ def arm_metrics(arm: Arm, idx: np.ndarray, groups: dict[str, np.ndarray]) -> dic
                "output_tokens_per_s": (arm.tokens * arm.ok)[idx].sum(axis=1) / arm.span_s,
                "failure_rate": arm.failed[idx].mean(axis=1),
                "usd_per_success": arm.cost_usd / (n * ok_share),
+               "tokens_per_joule": (arm.tokens * arm.ok)[idx].sum(axis=1) / arm.energy_j,
                "ttft_p90_s": _p90(arm.ttft[idx]), "tpot_p90_s": _p90(arm.tpot[idx])}
         for name, mask in groups.items():
             inside = mask[idx]
@@ -344,9 +382,8 @@ def run_pairs(baseline: RunConfig, candidate: RunConfig, inputs: Inputs, repeats
 def compare(runs, ttft_slo_s: float, tpot_slo_s: float, limits: Limits, seed: int = 0) -> dict:
     """Effects, verdict and most-regressed requests of paired runs [((records, summary),
     (records, summary))]."""
-    pairs = [(Arm.of(b[0], ttft_slo_s, tpot_slo_s, b[1].get("usd_per_request")),
-              Arm.of(c[0], ttft_slo_s, tpot_slo_s, c[1].get("usd_per_request")))
-             for b, c in runs]
+    pairs = [tuple(Arm.of(arm[0], ttft_slo_s, tpot_slo_s, arm[1].get("usd_per_request"),
+                          arm[1].get("energy_j")) for arm in (b, c)) for b, c in runs]
     result = paired_effects(pairs, limits, seed)
     result["verdict"] = verdict(result["effects"], limits)
     result["limits"] = {"improve": limits.improve_key, "limits": limits.limits,

@@ -113,14 +113,26 @@ def aggregated_stats(pool: list, now: float) -> dict:
             "aggregated_blocks_in_use": [a.num_blocks - a.free_blocks for a in pool]}
 
 
-def aggregated_energy(stats: dict, summary: dict, config: RunConfig) -> dict:
+def delay_outputs(ledger, delay_s: float) -> None:
+    """Every instant after a request's arrival ``delay_s`` later: a constant delay before
+    the engine (the API server's, a measured profile's ``api_latency_s``) shifts every step
+    the engine runs by as much, arrivals being all that drives it."""
+    for name in ("prefill_start_at", "prefill_end_at", "first_token_at", "finished_at"):
+        column = getattr(ledger, name)
+        for i, value in enumerate(column):
+            column[i] = value + delay_s          # NaN (never reached) stays NaN
+
+
+def aggregated_energy(stats: dict, summary: dict, config: RunConfig,
+                      tables: dict | None = None) -> dict:
     """Energy of the aggregated pool's devices (``sim.models.power``): busy at the decode
     phase's power (an aggregated step streams the weights as a decode step does), idle
-    otherwise. Dollars per request are left to the cost model (NaN here)."""
+    otherwise. Dollars per request are left to the cost model (NaN here). ``tables``: the
+    [power] tables to use instead of the config's profile's (a measured profile's)."""
     from sim.models.power import device_energy_j, power_model, profile_of
 
     inst = config.cluster.aggregated
-    model = power_model(profile_of(config), inst.device)
+    model = power_model(profile_of(config, tables), inst.device)
     span = float(summary["simulated_time_s"])
     joules = sum(inst.tp * device_energy_j(model, "decode", b, span)
                  for b in stats["aggregated_busy_s"])

@@ -132,14 +132,15 @@ async def _engine_settings(endpoint, max_num_seqs, max_num_batched_tokens) -> En
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         try:
             async with http.get(config.models_url) as response:
-                listing = await response.json(content_type=None)
+                listing = (await response.json(content_type=None)
+                           if response.status == 200 else f"HTTP {response.status}")
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             raise EndpointProfileError(f"{config.models_url}: {exc}") from None
         models = [m for m in (listing.get("data") or []) if isinstance(m, dict)] \
             if isinstance(listing, dict) else []
         if len(models) != 1 or not isinstance(models[0].get("max_model_len"), int):
             raise EndpointProfileError(f"{config.models_url}: expected one model with "
-                                       f"max_model_len, got {listing!r:.200}")
+                                       f"max_model_len (as vLLM lists), got {listing!r:.200}")
         info = await _cache_info(http, config.models_url.removesuffix("/v1/models"))
     block = int(info.get("block_size", 16))
     return EngineSettings(str(models[0]["id"]), models[0]["max_model_len"], block,

@@ -10,8 +10,9 @@ rerun into the same directory skips the points it holds: the profile is resumabl
   round trip plus one engine step of one token.
 - ``decode``: N requests at once, each a prompt of L tokens and a long output; once all N
   decode (after the last one's first token, before the first one's finish) the engine runs
-  steps of N sequences, and each request's mean gap between tokens there is one step. The
-  step's context per request is L plus the tokens made by the middle of that window.
+  steps of N sequences, and each request's mean gap between tokens there is one step (the
+  median over the N; repeated, a run whose stream came in bursts is outvoted). The step's
+  context per request is L plus the tokens made by the middle of that window.
 - ``prefill``: a lone request of L prompt tokens and ``max_tokens`` 1, repeated: its TTFT.
 
 The engine's settings (``engine_settings``): ``/v1/models`` (the model and ``max_model_len``),
@@ -57,9 +58,10 @@ class ProfilePlan:
     decode_prompts: tuple[int, ...] | None = None
     decode_tokens: int = 64
     floor_repeats: int = 10
+    decode_repeats: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("repeats", "decode_tokens", "floor_repeats"):
+        for name in ("repeats", "decode_tokens", "floor_repeats", "decode_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"profile plan: {name} = {getattr(self, name)} must be >= 1")
         if not self.batches or min(self.batches) < 1:
@@ -110,7 +112,8 @@ def plan_points(plan: ProfilePlan, engine: EngineSettings) -> list[Point]:
             raise ValueError(f"prompt length {n}: need 1..{context - 1} (max_model_len "
                              f"{context})")
     out = [Point("floor", 1, 1, 1, plan.floor_repeats)]
-    out += [Point("decode", p, b, min(tokens, context - p)) for b in batches for p in prompts]
+    out += [Point("decode", p, b, min(tokens, context - p), plan.decode_repeats)
+            for b in batches for p in prompts]
     out += [Point("prefill", n, 1, 1, plan.repeats) for n in lengths]
     return out
 
@@ -187,9 +190,13 @@ async def _measure(endpoint, engine, points, token_ids, done) -> None:
         await _run(http, config, prompts, counter, 1, 1, 1)          # warm-up
         for point in points:
             if point.kind == "decode":
-                done(point, _decode_sample(point, await _run(
-                    http, config, prompts, counter, point.prompt, point.batch,
-                    point.max_tokens)))
+                runs = [_decode_run(point, await _run(http, config, prompts, counter,
+                                                      point.prompt, point.batch,
+                                                      point.max_tokens))
+                        for _ in range(point.repeats)]
+                done(point, {"key": point.key, **dataclasses.asdict(point),
+                             "seconds": [step for step, _ in runs],
+                             "context_per_request": float(np.median([c for _, c in runs]))})
                 continue
             seconds = []
             for _ in range(point.repeats):
@@ -214,8 +221,9 @@ async def _run(http, config, prompts, counter, prompt: int, batch: int, max_toke
     return states
 
 
-def _decode_sample(point: Point, states) -> dict:
-    """One decode step per request: its mean gap between tokens while all N decode."""
+def _decode_run(point: Point, states) -> tuple[float, float]:
+    """(step, context per request) of one run of N requests: the median over the requests
+    of each one's mean gap between tokens while all N decode."""
     start = max(s.token_at[0] for s in states)
     end = min(s.token_at[-1] for s in states)
     gaps, made = [], []
@@ -226,8 +234,7 @@ def _decode_sample(point: Point, states) -> dict:
             inside = at
         gaps.append(float(inside[-1] - inside[0]) / (len(inside) - 1))
         made.append(float(np.searchsorted(at, 0.5 * (inside[0] + inside[-1]))))
-    return {"key": point.key, **dataclasses.asdict(point), "seconds": gaps,
-            "context_per_request": point.prompt + float(np.median(made))}
+    return float(np.median(gaps)), point.prompt + float(np.median(made))
 
 
 # -- the profile directory --------------------------------------------------------------------

@@ -30,8 +30,8 @@ def add_parser(sub) -> None:
                    help="decode batch sizes, comma-separated (capped at --max-num-seqs)")
     p.add_argument("--decode-tokens", type=int, default=64, help="output tokens per decode "
                    "request")
-    p.add_argument("--quick", action="store_true", help="a short profile: 2 repeats, "
-                   "batches 1,4,16")
+    p.add_argument("--quick", action="store_true", help="a short profile: 2 repeats (1 of "
+                   "each decode point), batches 1,4,16")
     p.add_argument("--force", action="store_true", help="start over in a directory that holds "
                    "another profile")
     p.set_defaults(func=run)
@@ -42,7 +42,8 @@ def run(args) -> int:
 
     plan = ep.ProfilePlan(repeats=2 if args.quick else args.repeats,
                           batches=(1, 4, 16) if args.quick else _ints(args.batches),
-                          decode_tokens=args.decode_tokens, floor_repeats=4 if args.quick else 10)
+                          decode_tokens=args.decode_tokens, floor_repeats=4 if args.quick else 10,
+                          decode_repeats=1 if args.quick else 3)
     low, _, high = args.prompt_token_ids.partition(":")
     try:
         token_ids = (int(low), int(high))

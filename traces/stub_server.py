@@ -31,6 +31,7 @@ them) or for every request:
 ``models``                  ``GET /v1/models`` lists these, and a request naming another model
                             gets HTTP 404 ("The model `x` does not exist.", as vLLM answers);
                             unset, there is no listing and any model name is served
+``max_model_len``           the listing gives each model this context (vLLM's field)
 ==========================  ==================================================================
 
 It exists to check the replay client against known delays and behaviours, and as a
@@ -66,6 +67,7 @@ class StubConfig:
     bad_usage_lengths: frozenset[int] = frozenset()
     lost_lengths: frozenset[int] = frozenset()
     models: tuple[str, ...] | None = None
+    max_model_len: int | None = None
     merge_utf8: bool = False
     usage: bool = True
     string_prompts_only: bool = False
@@ -141,8 +143,9 @@ def make_app(config: StubConfig):
         return response
 
     async def models(request: web.Request) -> web.Response:
+        extra = {} if config.max_model_len is None else {"max_model_len": config.max_model_len}
         return web.json_response({"object": "list", "data": [
-            {"id": name, "object": "model"} for name in config.models]})
+            {"id": name, "object": "model", **extra} for name in config.models]})
 
     app = web.Application()
     if config.models is not None:
@@ -228,6 +231,7 @@ def main(argv=None) -> None:
                         help="HTTP 422 for token-id prompts")
     parser.add_argument("--timings", action="store_true", help="llama-server-style timings")
     parser.add_argument("--models", nargs="+", help="served model names (GET /v1/models)")
+    parser.add_argument("--max-model-len", type=int, help="the context /v1/models lists")
     args = parser.parse_args(argv)
     try:
         import aiohttp  # noqa: F401
@@ -238,7 +242,8 @@ def main(argv=None) -> None:
                            for n in LENGTH_SETS},
                         merge_utf8=args.merge_utf8, usage=not args.no_usage,
                         string_prompts_only=args.string_prompts_only, timings=args.timings,
-                        models=tuple(args.models) if args.models else None)
+                        models=tuple(args.models) if args.models else None,
+                        max_model_len=args.max_model_len)
     try:
         asyncio.run(serve(config, args.host, args.port))
     except KeyboardInterrupt:

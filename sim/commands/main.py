@@ -38,6 +38,8 @@ COMMANDS = (
     ("devices", "sim.commands.devices", "devices under the profile's model"),
     ("validate", "sim.commands.validate", "the real mode vs the simulator on a measured "
      "profile, on the same requests at a light load and near the knee"),
+    ("profile", "sim.commands.profile", "measure a live OpenAI-compatible engine (vLLM) from "
+     "outside into a profile directory (an aggregated instance)"),
 )
 
 

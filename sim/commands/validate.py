@@ -1,5 +1,6 @@
-"""``hawk validate --profile DIR --trace FILE``: the real mode against the simulator on a
-measured profile (``sim.validation.run.validate``), printed as a report, JSON or CDF plots."""
+"""``hawk validate --profile DIR --trace FILE``: the real mode (or, with ``--endpoint URL``, a
+live engine such as vLLM) against the simulator on a measured profile
+(``sim.validation.run.validate``), printed as a report, JSON or CDF plots."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("validate", help="the real mode vs the simulator on a measured "
                        "profile, on the same requests at a light load and near the knee")
-    p.add_argument("--profile", type=Path, required=True, help="a hawk real profile directory")
+    p.add_argument("--profile", type=Path, required=True,
+                   help="a hawk real profile (or hawk profile --endpoint) directory")
+    p.add_argument("--endpoint", help="validate against this live engine (a profile of hawk "
+                   "profile --endpoint) instead of the real mode")
+    p.add_argument("--prompt-token-ids", metavar="LOW:HIGH", default="3:1000",
+                   help="with --endpoint: prompt token ids in [LOW, HIGH) (default 3:1000)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="trace file, or a bundled name (azure-llm-2023-conv.csv)")
     src.add_argument("--workload", choices=sorted(WORKLOADS),
@@ -62,7 +68,8 @@ def run(args) -> int:
     slos = None if args.ttft_slo is None else (args.ttft_slo, args.tpot_slo)
     try:
         result, frames = validate(args.profile, requests, rates, mechanism=args.mechanism,
-                                  slos=slos, out=args.out, progress=not args.json, say=say)
+                                  slos=slos, out=args.out, progress=not args.json, say=say,
+                                  endpoint=args.endpoint, token_ids=_token_ids(args))
     except ClusterError as e:
         print(f"hawk validate: the real mode did not start: {e}", file=sys.stderr)
         return 1
@@ -72,6 +79,15 @@ def run(args) -> int:
     if args.out is not None and not args.json:
         print(f"paired records per load and validate.json written to {args.out}/")
     return 0
+
+
+def _token_ids(args) -> tuple[int, int]:
+    low, _, high = args.prompt_token_ids.partition(":")
+    try:
+        return int(low), int(high)
+    except ValueError:
+        raise ValueError(f"--prompt-token-ids takes LOW:HIGH, got {args.prompt_token_ids!r}") \
+            from None
 
 
 def _positive(text: str) -> int:

@@ -291,6 +291,10 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         trace = trace if trace is not None else workload_trace(config)
         check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
     inst = config.cluster.aggregated
+    m = measured_parts(config)          # an engine measured from outside (hawk profile)
+    if m is not None and m.api_latency_s and stream is not None:
+        raise ConfigError(f"cluster.profile {m.profile.path}: a streamed run cannot add the "
+                          f"profile's API latency to its records; run it without streaming")
     wall = time.perf_counter()
     env = simpy.Environment()
     if stream is None:
@@ -299,23 +303,33 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         from sim.engine.stream import open_ledger
 
         ledger = open_ledger(config, trace, stream, until, False)
-    pool = pools.aggregated_pool(env, config, ledger, predictors[0] if predictors else
-                                 make_predictor(config, inst), kv_capacity_blocks(config, inst),
+    predictor = predictors[0] if predictors else (
+        m.predictor if m is not None else make_predictor(config, inst))
+    pool = pools.aggregated_pool(env, config, ledger, predictor, m.decode_blocks if m is not None
+                                 else kv_capacity_blocks(config, inst),
                                  trace if stream is None else None)
-    pools.start_arrivals(env, config, ledger, pool, catalog.model(config.cluster.model).max_context)
+    pools.start_arrivals(env, config, ledger, pool, m.profile.model.max_context if m is not None
+                         else catalog.model(config.cluster.model).max_context)
     try:
         run_events(env, until)
     except BaseException as exc:
         if stream is not None:
             ledger.close(exc)
         raise
+    if m is not None and m.api_latency_s:
+        pools.delay_outputs(ledger, m.api_latency_s)
     records, summary = pools.records_and_summary(config, ledger, until, stream is not None)
     summary["sim_wall_time_s"] = time.perf_counter() - wall
     summary["simulated_time_s"] = span = float(env.now)
     stats = pools.pool_stats(pool, span)
     summary.update(metrics.utilization(stats, span))
     summary.update(pools.pool_use(stats, records, config, span))
-    summary.update(_power_and_cost(stats, summary, config))
+    summary.update(_power_and_cost(stats, summary, config,
+                                   m.tables if m is not None else None))
+    if m is not None:
+        summary["profile"] = {"path": m.profile.path, "complete": m.profile.complete,
+                              "api_latency_s": m.api_latency_s,
+                              "extrapolated": m.extrapolation()}
     summary["config"] = provenance(config)
     return RunResult(config, records, summary, stats,
                      aggregate=None if stream is None else ledger.aggregate)

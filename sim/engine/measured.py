@@ -4,7 +4,10 @@
 ``cluster.profile`` names a directory: the tables as a ``TablePredictor``, the transfer time per
 request interpolated in bytes (``MeasuredPricing``), pulls one at a time (``SerialLink``, as the
 decode worker's puller thread), the KV capacities of [serving], and power from the paper
-profile's tables of the catalog devices the workers stand for.
+profile's tables of the catalog devices the workers stand for. A profile of one engine serving
+both phases (``[serving] engine = "aggregated"``, ``hawk profile --endpoint``) gives an
+aggregated instance its predictor (``mixed_step_time`` of the table), its KV blocks and the
+API latency its records are shifted by; it has no transfer pricing.
 """
 
 from __future__ import annotations
@@ -91,6 +94,14 @@ class MeasuredParts:
     decode_blocks: int
     tables: dict                    # [power], [price], [cost] of the paper profile
 
+    @property
+    def api_latency_s(self) -> float:
+        """The API server's and the client's round trip beside the engine's steps ([serving]
+        api_latency_s; 0 for the real mode's workers): it delays every request's first token
+        and finish alike (the engine, seeing every arrival that much later, runs the same
+        steps that much later)."""
+        return self.profile.serving["api_latency_s"]
+
     def restore_time(self, tokens: int, how: str) -> float:
         """A preempted request's KV back: recomputed, priced by the prefill table (the real
         workers never preempt: they reserve up front; swap has no measured PCIe figure)."""
@@ -103,6 +114,8 @@ class MeasuredParts:
     def extrapolation(self) -> dict:
         """Axes where the run left the measured ranges (empty when none did)."""
         out = self.predictor.extrapolated()
+        if self.pricing is None:
+            return out
         table = self.pricing.table
         if table.seen is not None and (table.seen[0] < table.range[0]
                                        or table.seen[1] > table.range[1]):
@@ -121,6 +134,13 @@ def measured_parts(config) -> MeasuredParts | None:
     s = profile.serving
     tables = {k: v for k, v in load_profile_table("paper").items()
               if k in ("power", "price", "cost")}
+    if s["engine"] == "aggregated":         # one engine, both phases: no KV moves
+        if cl.kind != "aggregated":
+            raise ConfigError(f"cluster.kind = {cl.kind!r}: the profile {cl.profile} measured "
+                              f"one engine serving both phases ([serving] engine = "
+                              f"\"aggregated\"); leave cluster.kind unset or \"aggregated\"")
+        return MeasuredParts(profile, profile.predictor(), None, 0,
+                             -(-s["num_kv_tokens"] // cl.aggregated.block_size), tables)
     return MeasuredParts(profile, profile.predictor(),
                          MeasuredPricing(profile, cl.link.mechanism), s["prefill_num_blocks"],
                          -(-s["num_kv_tokens"] // cl.decode.block_size), tables)

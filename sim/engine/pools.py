@@ -120,6 +120,16 @@ def aggregated_stats(pool: list, now: float) -> dict:
             "aggregated_blocks_in_use": [a.num_blocks - a.free_blocks for a in pool]}
 
 
+def delay_outputs(ledger, delay_s: float) -> None:
+    """Every instant after a request's arrival ``delay_s`` later: a constant delay before
+    the engine (the API server's, a measured profile's ``api_latency_s``) shifts every step
+    the engine runs by as much, arrivals being all that drives it."""
+    for name in ("prefill_start_at", "prefill_end_at", "first_token_at", "finished_at"):
+        column = getattr(ledger, name)
+        for i, value in enumerate(column):
+            column[i] = value + delay_s          # NaN (never reached) stays NaN
+
+
 def beside_pd(env, config: RunConfig, ledger, prefills: list, decodes: list,
               max_context: int, predictor, blocks: int) -> list[AggregatedInstance]:
     """``kind = "both"``: the aggregated pool and the router over it and the P/D pool.

@@ -51,6 +51,9 @@ SERVING_FIELDS = ("prefill_max_batch_tokens", "decode_max_batch", "kv_block_toke
                   "num_kv_tokens")
 SERVING_DEFAULTS = {"prefill_max_batch_size": 32, "prefill_num_blocks": 256,
                     "prefill_block_tokens": 16}
+#: [serving] engine: P/D workers (``hawk real profile``), or one engine serving both phases
+#: (``hawk profile --endpoint``: vLLM), simulated as an aggregated instance
+ENGINES = ("disaggregated", "aggregated")
 
 
 class ProfileDirError(ValueError):
@@ -164,8 +167,11 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
                                   f"catalog device: {sorted(devices())}")
         stands[role] = key
     model, kv_dtype, serving, mechanisms = _model_and_serving(doc, where)
+    aggregated = serving["engine"] == "aggregated"
     tables = {name: [rec for _, rec in _read_csv(base / name, columns)]
-              for name, columns in COLUMNS.items()}
+              for name, columns in COLUMNS.items()
+              if not (aggregated and name == "transfer.csv")}
+    tables.setdefault("transfer.csv", [])
     prefill = np.array([[r["num_seqs"], r["batch_tokens"], r["seconds_p50"]]
                         for r in tables["prefill.csv"]], dtype=np.float64).reshape(-1, 3)
     decode = np.array([[r["batch"], r["total_context"], r["seconds_p50"]]
@@ -176,7 +182,7 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
     for name, rows in (("prefill.csv", prefill), ("decode.csv", decode)):
         if len(rows) == 0:
             raise ProfileDirError(f"{base / name}: no measured points")
-    if not transfer:
+    if not transfer and not aggregated:
         raise ProfileDirError(f"{base / 'transfer.csv'}: no measured points")
     from sim.models.table import TablePredictor
 
@@ -194,6 +200,8 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
     profile = MeasuredProfile(root, complete, stands["prefill"], stands["decode"], model,
                               kv_dtype, serving, mechanisms, prefill, decode, arrays,
                               dict(machine))
+    if aggregated:                  # one engine serves both phases: no transfer, no loop.csv
+        return profile
     transfer_table = TransferTable(arrays[profile.default_mechanism])
     return dataclasses.replace(profile, loop=loop_factors(
         base / LOOP_FILE, table, lambda tokens: transfer_table(profile.kv_bytes(tokens))))
@@ -232,11 +240,28 @@ def _whole(table: dict, section: str, key: str, where: str, low: int = 1) -> int
     return value
 
 
+def _seconds(table: dict, key: str, where: str) -> float:
+    value = table.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        raise ProfileDirError(f"{where}: [serving] {key} must be seconds >= 0, got {value!r}")
+    return float(value)
+
+
 def _model_and_serving(doc: dict, where: str):
     from sim.models.transfer import MECHANISMS
 
     m = _section(doc, "model", where)
-    sizes = {k: _whole(m, "model", k, where) for k in MODEL_FIELDS}
+    s = _section(doc, "serving", where)
+    engine = s.get("engine", "disaggregated")
+    if engine not in ENGINES:
+        raise ProfileDirError(f"{where}: [serving] engine = {engine!r} must be one of "
+                              f"{list(ENGINES)}")
+    # an engine measured from outside (hawk profile --endpoint) need not know its sizes:
+    # nothing in an aggregated run is priced by them (one head of one dimension stands in)
+    optional = engine == "aggregated"
+    sizes = {k: (_whole(m, "model", k, where) if k in m or not optional or k == "max_context"
+                 else 1) for k in MODEL_FIELDS}
     if sizes["num_heads"] % sizes["num_kv_heads"]:
         raise ProfileDirError(f"{where}: [model] num_kv_heads = {sizes['num_kv_heads']} must "
                               f"divide num_heads = {sizes['num_heads']}")
@@ -245,8 +270,9 @@ def _model_and_serving(doc: dict, where: str):
                       num_heads=sizes["num_heads"], num_kv_heads=sizes["num_kv_heads"],
                       head_dim=sizes["head_dim"], ffn_size=sizes["intermediate_size"],
                       vocab_size=sizes["vocab_size"], max_context=sizes["max_context"])
-    s = _section(doc, "serving", where)
     serving = {k: _whole(s, "serving", k, where) for k in SERVING_FIELDS}
+    serving["engine"] = engine
+    serving["api_latency_s"] = _seconds(s, "api_latency_s", where)
     for key, default in SERVING_DEFAULTS.items():
         serving[key] = _whole(s, "serving", key, where) if key in s else default
     if "kv_bytes_per_token" in s:         # the bytes transfer.csv counts per token
@@ -268,6 +294,8 @@ def _model_and_serving(doc: dict, where: str):
         raise ProfileDirError(f"{where}: [serving] kv_dtype = {kv_dtype!r} must be one of "
                               f"{sorted(DTYPE_BYTES)}")
     mechanisms = s.get("mechanisms", [])
+    if optional and mechanisms == []:
+        return model, kv_dtype, serving, ()
     if (not isinstance(mechanisms, list) or not mechanisms
             or any(x not in MECHANISMS for x in mechanisms)):
         raise ProfileDirError(f"{where}: [serving] mechanisms = {mechanisms!r} must be a "
@@ -322,6 +350,8 @@ def mirror_settings(profile: MeasuredProfile) -> dict:
     prompt + max_tokens, and emits exactly max_tokens), least-work routing (the router's
     default), the measured mechanism, no extra network latency (the table includes it)."""
     s = profile.serving
+    if s["engine"] == "aggregated":
+        return _mirror_aggregated(profile)
     out = {"cluster.model": MEASURED_MODEL, "cluster.routing": "least_work",
            "cluster.decode_routing": "least_work",
            "cluster.link.mechanism": profile.default_mechanism, "cluster.link.latency_s": 0.0}
@@ -338,6 +368,21 @@ def mirror_settings(profile: MeasuredProfile) -> dict:
     out["cluster.prefill.max_batch_tokens"] = s["prefill_max_batch_tokens"]
     out["cluster.decode.admission"] = "oracle-reserve"
     return out
+
+
+def _mirror_aggregated(profile: MeasuredProfile) -> dict:
+    """One aggregated instance with the engine's scheduler limits (max_num_seqs,
+    max_num_batched_tokens) and KV blocks, on the catalog device it stands for (power)."""
+    s, device = profile.serving, profile.stands_for_prefill
+    allowed = devices()[device].serving.kv_dtypes
+    return {"cluster.model": MEASURED_MODEL, "cluster.kind": "aggregated",
+            "cluster.aggregated.device": device, "cluster.aggregated.tp": 1,
+            "cluster.aggregated.num_instances": 1,
+            "cluster.aggregated.max_batch_size": s["decode_max_batch"],
+            "cluster.aggregated.max_batch_tokens": s["prefill_max_batch_tokens"],
+            "cluster.aggregated.block_size": s["kv_block_tokens"],
+            "cluster.aggregated.kv_dtype": (profile.kv_dtype if profile.kv_dtype in allowed
+                                            else allowed[0])}
 
 
 class TransferTable:

@@ -14,8 +14,10 @@ how far apart they are (``sim.validation.errors``): ``validate``, run by ``hawk 
    TTFT and TPOT the simulator predicts for the trace's longest prompt served alone on this
    profile: a latency budget that queueing near the knee eats into.
 4. Per load: ``hawk real run``'s machinery (a ``LocalCluster`` serving the profile's own model
-   with its [serving] settings) and ``hawk simulate --profile DIR`` on the same trace, judged
-   by ``sim.validation.errors.judge``. With ``--out``: ``OUTDIR/<load>/paired.parquet`` (the paired
+   with its [serving] settings), or with ``endpoint`` a replay against that live engine
+   (``traces.replay``: a profile of ``hawk profile --endpoint``, an aggregated instance), and
+   ``hawk simulate --profile DIR`` on the same trace, judged by
+   ``sim.validation.errors.judge``. With ``--out``: ``OUTDIR/<load>/paired.parquet`` (the paired
    records), ``real/`` and ``sim/`` records and summaries, and ``validate.json``.
 """
 
@@ -96,12 +98,22 @@ def read_profile(path) -> dict:
     for table in ("serving", "model"):
         if not isinstance(doc.get(table), dict):
             raise ValueError(f"{toml}: no [{table}] table")
-    if not (path / "model" / "config.json").is_file():
+    if not is_aggregated(doc) and not (path / "model" / "config.json").is_file():
         raise FileNotFoundError(f"--profile {path}: no model/config.json (the model measured)")
     return doc
 
 
-def mechanism_of(doc: dict, asked: str | None) -> str:
+def is_aggregated(doc: dict) -> bool:
+    """Whether the profile measured one engine serving both phases (``hawk profile``)."""
+    return doc["serving"].get("engine") == "aggregated"
+
+
+def mechanism_of(doc: dict, asked: str | None) -> str | None:
+    if is_aggregated(doc):
+        if asked is not None:
+            raise ValueError(f"--mechanism {asked}: the profile measured one engine serving "
+                             f"both phases; no KV moves")
+        return None
     measured = list(doc["serving"].get("mechanisms") or [])
     if asked is None:
         if not measured:
@@ -135,16 +147,34 @@ def cluster_config(profile, doc: dict, mechanism: str):
                          model=str(Path(profile) / "model"), worker_args=args)
 
 
-def simulate_on_profile(profile, trace: Trace, mechanism: str, ttft_slo_s: float,
+def simulate_on_profile(profile, trace: Trace, mechanism: str | None, ttft_slo_s: float,
                         tpot_slo_s: float):
-    """Records of ``hawk simulate --profile DIR`` on ``trace`` (``sim.models.profile_dir``)."""
+    """Records of ``hawk simulate --profile DIR`` on ``trace`` (``sim.models.profile_dir``);
+    ``mechanism`` None: an aggregated profile's (no link)."""
     from sim.engine.cluster import simulate
     from sim.config import RunConfig
 
-    config = RunConfig().replace(**{"cluster.profile": str(profile),
-                                    "cluster.link.mechanism": mechanism,
+    link = {} if mechanism is None else {"cluster.link.mechanism": mechanism}
+    config = RunConfig().replace(**{"cluster.profile": str(profile), **link,
                                     "slo.ttft_s": ttft_slo_s, "slo.tpot_s": tpot_slo_s})
     return simulate(config, trace).records
+
+
+def endpoint_records(trace: Trace, endpoint: str, ttft_slo_s: float, tpot_slo_s: float,
+                     out: Path, token_ids: tuple[int, int] = (3, 1000)):
+    """Records of ``hawk replay`` of ``trace`` against a live engine (token-id prompts,
+    forced lengths; written to ``out`` too), after ``WARMUP_REQUESTS`` lone requests."""
+    from traces.prompts import PromptSpec
+    from traces.replay import ReplayConfig, replay
+
+    spec = PromptSpec(kind="token_ids", token_id_low=token_ids[0], token_id_high=token_ids[1],
+                      seed=len(trace))
+    warm = Trace.from_columns(np.arange(WARMUP_REQUESTS) * 0.1, [8] * WARMUP_REQUESTS,
+                              [4] * WARMUP_REQUESTS, name="warm-up")
+    replay(warm, ReplayConfig(endpoint, prompt=dataclasses.replace(spec, seed=1 + len(trace))))
+    result = replay(trace, ReplayConfig(endpoint, prompt=spec))
+    result.write(out, ttft_slo_s, tpot_slo_s)
+    return result.records
 
 
 def real_records(trace: Trace, config, ttft_slo_s: float, tpot_slo_s: float, context: int,
@@ -256,7 +286,9 @@ def resolve_loads(items, knee: float | None) -> list[Load]:
 def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
              mechanism: str | None = None, slos: tuple[float, float] | None = None,
              goals: val.Goals = val.Goals(), out: Path | None = None, progress: bool = False,
-             simulate_fn=None, real_fn=None, say=lambda text: None) -> tuple[dict, dict]:
+             simulate_fn=None, real_fn=None, endpoint: str | None = None,
+             token_ids: tuple[int, int] = (3, 1000),
+             say=lambda text: None) -> tuple[dict, dict]:
     """Both sides at each load: the result ``hawk validate --json`` prints, and per load name
     the (real, simulated) records. ``simulate_fn`` / ``real_fn`` replace the two sides
     (tests): ``(trace, ttft_slo, tpot_slo) -> records``, ``(trace, ttft_slo, tpot_slo,
@@ -269,7 +301,13 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
     items = parse_loads(loads_text)
     simulate_fn = simulate_fn or (lambda trace, ttft, tpot: simulate_on_profile(
         profile, trace, mechanism, ttft, tpot))
-    if real_fn is None:
+    if real_fn is None and endpoint is not None:
+        real_fn = (lambda trace, ttft, tpot, where: endpoint_records(trace, endpoint, ttft,
+                                                                     tpot, where, token_ids))
+    elif real_fn is None:
+        if is_aggregated(doc):
+            raise ValueError(f"--profile {profile}: measured from an endpoint ([serving] engine "
+                             f"= \"aggregated\"); give --endpoint URL to validate against it")
         config, context = cluster_config(profile, doc, mechanism), context_of(doc)
         real_fn = (lambda trace, ttft, tpot, where: real_records(trace, config, ttft, tpot,
                                                                  context, where, progress))
@@ -288,7 +326,8 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
     if any(isinstance(i, str) for i in items):
         knee = find_knee(simulate_fn, requests.repeated(KNEE_REQUESTS), *slos)
         say(f"simulated knee: {knee:.3g} req/s (attainment >= {KNEE_TARGET:.0%})")
-    result = {"profile": str(profile), "mechanism": mechanism, "requests": requests.source,
+    result = {"profile": str(profile), "mechanism": mechanism or "aggregated",
+              "requests": requests.source, "endpoint": endpoint,
               "num_requests": len(requests.trace), "length_scale": requests.length_scale,
               "ttft_slo_s": slos[0], "tpot_slo_s": slos[1], "slo_source": slo_source,
               "simulated_knee_rate": knee,

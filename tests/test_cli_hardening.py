@@ -147,7 +147,7 @@ def test_flags_are_never_abbreviated(capsys, argv):
 @pytest.mark.parametrize("argv", [("simulate", "--bogus"), ("bogus",)])
 def test_an_unknown_flag_or_command_names_every_command(capsys, argv):
     err = refused(capsys, *argv)
-    assert len(COMMANDS) == 12
+    assert len(COMMANDS) == 13                       # profile --endpoint joined the twelve
     assert all(name in err for name, _, _ in COMMANDS)
     assert "hawk --help" in err
 

@@ -26,7 +26,8 @@ COMMANDS = (
     ("compare", "sim.commands.compare", "paired comparison of two configurations (or two "
      "recorded runs) with bootstrap confidence intervals and a verdict"),
     ("plan", "sim.commands.plan", "the cheapest and the most power-efficient cluster that meet "
-     "the SLOs at a rate, and the cost/goodput Pareto frontier"),
+     "the SLOs at a rate, aggregated or disaggregated, with a verdict, and the cost/goodput "
+     "Pareto frontier"),
     ("bench", "sim.commands.bench", "simulator speed vs bare SimPy, measured in the same run"),
     ("replay", "traces.commands",
      "replay a trace open-loop against a live OpenAI-compatible streaming endpoint"),

@@ -179,7 +179,7 @@ def plan(base: RunConfig, rate: float, target: float = 0.9, space: Space = Space
         rows, left, stopped = rows + got, left + rest, stopped or stop
     failed = [r for r in rows if "error" in r]
     rows = [r for r in rows if "error" not in r]
-    chosen = _knee_rows(rows, space.max_knees)
+    chosen = _rows_to_bisect(rows, space.max_knees)
     knees = run_parallel(_knee, [(*configs[r["config"]][:2], target, r["meets_target"])
                                  for r in chosen], workers, progress, ray_address,
                          desc="plan: knees")
@@ -233,7 +233,7 @@ def _search(found: list, limit: int, run, capital, rate: float, configs: dict, d
     return rows, len(ranked), stopped
 
 
-def _knee_rows(rows: list, max_knees: int) -> list:
+def _rows_to_bisect(rows: list, max_knees: int) -> list:
     """The rows whose knees are bisected: each deployment's cheapest meeting the target,
     then the cheapest others that meet it, then the closest to it."""
     order = sorted(rows, key=lambda r: (not r["meets_target"], r["usd_per_success"]

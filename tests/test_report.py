@@ -83,7 +83,7 @@ def test_hawk_paper_prints_the_fit_table(record, monkeypatch, capsys):
     from sim.commands.main import main
 
     result = make_result(record)
-    monkeypatch.setattr(paper, "run_paper", lambda quick, workers: result)
+    monkeypatch.setattr(paper, "run_paper", lambda quick, workers, say=None: result)
     assert main(["paper", "--quick"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -130,7 +130,7 @@ def test_hawk_paper_says_its_settings_and_which_checks_lean_on_the_fit(record, m
         {"check": "claim A", "holds": True, "fitted": True, "loo_holds": False},
         {"check": "claim B", "holds": False, "fitted": False},
         {"check": "claim C", "holds": True, "fitted": True, "loo_holds": True}]
-    monkeypatch.setattr(paper, "run_paper", lambda quick, workers: result)
+    monkeypatch.setattr(paper, "run_paper", lambda quick, workers, say=None: result)
     assert main(["paper", "--quick"]) == 0
     out = capsys.readouterr().out.splitlines()
     rates = ", ".join(f"{r:g}" for r in paper.sweep_settings("chatbot", True)["rates"])

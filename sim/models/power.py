@@ -168,7 +168,9 @@ def run_energy(stats: dict, summary: dict, config, profile: dict | None = None) 
 
 def _aggregated_energy(stats: dict, inst, model: PowerModel, span: float, out: dict) -> float:
     busy = list(stats["aggregated_busy_s"])
-    bound = list(stats["aggregated_compute_bound_s"])
+    # a cells run's merged stats carry no compute-bound seconds: its busy time is priced at
+    # the decode phase's power (memory-bound), as every step was before the meter existed
+    bound = list(stats.get("aggregated_compute_bound_s", [0.0] * len(busy)))
     joules = sum(inst.tp * aggregated_energy_j(model, b, c, span) for b, c in zip(busy, bound))
     out["aggregated_energy_j"] = float(joules)
     out["aggregated_utilisation"] = [b / span if span > 0 else 0.0 for b in busy]

@@ -171,11 +171,6 @@ def _whole_cluster(summary: dict, config, cluster, stats: dict, span_s: float,
     slots = len(stats["decode_busy_s"]) * config.cluster.decode.max_batch_size
     occupancy = decode_span_s / span_s / slots if span_s > 0 else math.nan
     summary.update(metrics.utilization(stats, span_s, occupancy))
-    if config.cluster.kind == "aggregated":
-        from sim.engine.pools import aggregated_energy
-
-        summary.update(aggregated_energy(stats, summary, cluster))
-    else:
-        summary.update(_power_and_cost(stats, summary, cluster))
+    summary.update(_power_and_cost(stats, summary, cluster))   # both shapes (sim.models.power)
     summary["config"] = provenance(config)
     return summary

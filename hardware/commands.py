@@ -20,29 +20,23 @@ def _sizes(text: str) -> list[float]:
     return sorted(sizes)
 
 
-def _whole(flag: str, why: str = ""):
-    """An argparse type for ``flag``: a whole number >= 1, refused by the flag's name."""
+def _whole(flag: str, why: str = "", minimum: int = 1):
+    """An argparse type for ``flag``: a whole number >= ``minimum``, refused by the flag's name."""
     def parse(text: str) -> int:
         try:
             n = int(text)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: a whole number >= 1") from e
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{flag} {n}: need >= 1{why}")
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: a whole number >= {minimum}") \
+                from e
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"{flag} {n}: need >= {minimum}{why}")
         return n
     return parse
 
 
-def _seed(text: str) -> int:
-    """An argparse type for ``--seed``: a whole number >= 0 (numpy's generators refuse a
-    negative seed, which would otherwise fail inside a child process)."""
-    try:
-        n = int(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--seed {text!r}: a whole number >= 0") from e
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"--seed {n}: need >= 0")
-    return n
+#: ``--seed``: numpy's generators refuse a negative seed, which would otherwise fail inside a
+#: child process
+_seed = _whole("--seed", minimum=0)
 
 
 def _seconds(text: str) -> float:

@@ -123,6 +123,13 @@ def add_workers(p: argparse.ArgumentParser, what: str = "processes") -> None:
                    help=f"{what} (default: one per core)")
 
 
+def add_ray(p: argparse.ArgumentParser, what: str = "") -> None:
+    """``--ray [ADDRESS]``: run ``what`` (the points, the cells, ...) on Ray."""
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help=f"run {what + ' ' if what else ''}on Ray: a local cluster, or the one "
+                        f"at ADDRESS")
+
+
 def add_max_wall(p: argparse.ArgumentParser) -> None:
     from sim.config.run_size import DEFAULT_MAX_WALL_S
 

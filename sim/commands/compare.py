@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.commands.args import add_max_wall, add_workers, announce, whole_number
+from sim.commands.args import add_max_wall, add_ray, add_workers, announce, whole_number
 
 
 def add_parser(sub) -> None:
@@ -37,8 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--ttft-slo", type=float, help="TTFT SLO for recorded runs")
     p.add_argument("--tpot-slo", type=float, help="TPOT SLO for recorded runs")
     add_workers(p)
-    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run on Ray: a local cluster, or the one at ADDRESS")
+    add_ray(p)
     p.add_argument("--out", type=Path, help="write both arms' records and the comparison here")
     p.add_argument("--json", action="store_true")
     add_max_wall(p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.commands.args import (add_common, add_max_wall, add_workers, announce,
+from sim.commands.args import (add_common, add_max_wall, add_ray, add_workers, announce,
                                config_from_args, fraction, whole_number)
 
 
@@ -35,8 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-knees", type=whole_number("--max-knees"), default=6,
                    help="of which knees are bisected, meeting the target first (default 6)")
     add_workers(p)
-    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run on Ray: a local cluster, or the one at ADDRESS")
+    add_ray(p)
     p.add_argument("--plot", type=Path, help="write a PNG of the frontier")
     add_max_wall(p)
     p.set_defaults(func=run)

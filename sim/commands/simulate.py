@@ -11,8 +11,8 @@ from pathlib import Path
 from traces import metrics
 from sim.config import ConfigError, RunConfig
 from traces.jsonout import dumps, writable_dir
-from sim.commands.args import (add_common, add_max_wall, add_profile, add_workers, announce,
-                               config_from_args)
+from sim.commands.args import (add_common, add_max_wall, add_profile, add_ray, add_workers,
+                               announce, config_from_args)
 from sim.engine.pools import describe_pools
 
 
@@ -185,8 +185,7 @@ def add_parser(sub) -> None:
                    help="split: the cluster's instances divided among the cells (default); "
                         "per-cell: every cell has the cluster's instances")
     add_workers(p, "processes running cells")
-    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run the cells on Ray: a local cluster, or the one at ADDRESS")
+    add_ray(p, "the cells")
     add_profile(p)
     add_max_wall(p)
     p.set_defaults(func=run)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.commands.args import (add_common, add_max_wall, add_profile, add_workers, announce,
-                               config_from_args, fraction, whole_number)
+from sim.commands.args import (add_common, add_max_wall, add_profile, add_ray, add_workers,
+                               announce, config_from_args, fraction, whole_number)
 
 
 def add_parser(sub) -> None:
@@ -18,8 +18,7 @@ def add_parser(sub) -> None:
     p.add_argument("--target", type=fraction("--target"), default=0.9,
                    help="attainment target, in (0, 1] (default 0.9)")
     add_workers(p)
-    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run the points on Ray: a local cluster, or the one at ADDRESS")
+    add_ray(p, "the points")
     p.add_argument("--plot", type=Path, help="write a PNG of attainment and latencies vs rate")
     add_profile(p)
     add_max_wall(p)

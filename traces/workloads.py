@@ -1,8 +1,12 @@
-"""The paper's workloads: empirical length tables with Poisson arrivals.
+"""The workloads: empirical length tables with Poisson arrivals (the paper's two and Code).
 
 Chatbot: ShareGPT conversation lengths (DistServe's rule), SLOs TTFT 2 s / TPOT 200 ms.
 Summarization: prompts truncated to a uniform random length in 1900..2040 tokens (DistServe's
 rule for LongBench), output lengths from arXiv summarization, SLOs TTFT 15 s / TPOT 200 ms.
+Code: the (prompt, output) lengths of the Azure LLM inference trace 2023, code service (the
+Splitwise paper's, ISCA 2024; in the file: median prompt 1,469 tokens, median output 13, the
+timestamps unused), SLOs assumed to be the Chatbot's (TTFT 2 s / TPOT 200 ms: an
+interactive service; the trace publishes no SLO).
 The length tables ship in ``traces/data`` (see its NOTICE.md for sources and licences).
 """
 
@@ -30,7 +34,13 @@ WORKLOADS: dict[str, WorkloadSpec] = {
     "chatbot": WorkloadSpec("chatbot", "sharegpt-chatbot-lengths.csv", 2.0, 0.2),
     "summarization": WorkloadSpec("summarization", "arxiv-summarization-lengths.csv", 15.0, 0.2,
                                   prompt_range=(1900, 2040)),
+    # assumed SLOs (see the module docstring)
+    "code": WorkloadSpec("code", "azure-llm-2023-code.csv", 2.0, 0.2),
 }
+
+#: the token-count columns of a length table, by its header: the workloads' own tables, or a
+#: bundled Azure trace (``TIMESTAMP,ContextTokens,GeneratedTokens``)
+LENGTH_COLUMNS = (("input_tokens", "output_tokens"), ("ContextTokens", "GeneratedTokens"))
 
 
 def workload_spec(name: str) -> WorkloadSpec:
@@ -56,8 +66,14 @@ def length_table(filename: str) -> tuple[np.ndarray, np.ndarray]:
 
 @lru_cache(maxsize=None)
 def _raw_table(filename: str) -> tuple[np.ndarray, np.ndarray]:
-    text = resources.files("traces").joinpath("data", filename).read_text()
-    rows = np.loadtxt(text.splitlines(), delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+    lines = resources.files("traces").joinpath("data", filename).read_text().splitlines()
+    header = [name.strip() for name in lines[0].split(",")]
+    names = next((c for c in LENGTH_COLUMNS if set(c) <= set(header)), None)
+    if names is None:
+        raise ValueError(f"{filename}: no length columns in header {header}; expected one of "
+                         f"{[list(c) for c in LENGTH_COLUMNS]}")
+    rows = np.loadtxt(lines, delimiter=",", skiprows=1, dtype=np.int64, ndmin=2,
+                      usecols=[header.index(n) for n in names])
     return rows[:, 0], rows[:, 1]
 
 

@@ -1,7 +1,8 @@
 """The capacity-planning notebook executes end to end (quick settings), its decode options
 reach knees that differ where their hardware does, it says what binds each, plans the cheapest
-cluster for a load and compares two policies on a bursty multi-customer workload, through the
-package's functions (``sim.runs``), not the command line."""
+cluster for a load, maps where disaggregation pays off and compares two policies on a bursty
+multi-customer workload, through the package's functions (``sim.runs``), not the command
+line."""
 
 from pathlib import Path
 
@@ -28,6 +29,10 @@ def test_capacity_planning_notebook_runs(tmp_path):
     assert "'cheapest': '" in picks, "the plan names a cheapest configuration"
     assert any("image/png" in o.get("data", {}) for c in code for o in c["outputs"]
                if c.source.startswith("plan_figure("))
+    winners = next(t for s, t in text.items() if s.startswith("pd.DataFrame(rows)"))
+    assert "aggregated" in winners and "code" in winners     # the map's table, every workload
+    assert any("image/png" in o.get("data", {}) for c in code for o in c["outputs"]
+               if c.source.startswith("map_figure("))
     effects = next(t for s, t in text.items() if "compare(runs," in s)
     assert "ttft_p90_s[quiet-1,quiet-2,quiet-3]" in effects and "ci_low" in effects
     assert "'keep': '" in text["result['verdict']"]

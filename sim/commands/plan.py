@@ -1,5 +1,7 @@
 """``hawk plan``: the cheapest and the most power-efficient cluster that meet the SLOs at a
-rate (``sim.runs.capacity``), from flags naming the space to search."""
+rate (``sim.runs.capacity``), from flags naming the space to search; with ``--map PNG``, the
+same search over ``--rates`` and ``--workloads``: which deployment wins where
+(``sim.runs.paymap``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ def add_parser(sub) -> None:
                        "meet the SLOs at a rate, aggregated or disaggregated, with a verdict, "
                        "and the cost/goodput Pareto frontier")
     add_common(p)
-    p.add_argument("--rate", type=float, required=True, help="the load to plan for, req/s")
+    p.add_argument("--rate", type=float, help="the load to plan for, req/s (required "
+                   "without --map)")
     p.add_argument("--slo", metavar="TTFT_S,TPOT_S", help="SLOs (default: the workload's)")
     p.add_argument("--target", type=fraction("--target"), default=0.9,
                    help="attainment target, in (0, 1] (default 0.9)")
@@ -37,13 +40,19 @@ def add_parser(sub) -> None:
     add_workers(p)
     add_ray(p)
     p.add_argument("--plot", type=Path, help="write a PNG of the frontier")
+    p.add_argument("--map", type=Path, metavar="PNG", help="plan at every rate of --rates "
+                   "and workload of --workloads; print which deployment wins each point on "
+                   "cost and on energy, with the margin, and draw the map to PNG")
+    p.add_argument("--rates", help="the map's rates, req/s: a list (1,2,4) or "
+                   "start:stop:step (default 1,2,4)")
+    p.add_argument("--workloads", help="the map's workloads, comma-separated (default "
+                   "chatbot,summarization,code)")
     add_max_wall(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from sim.config import ConfigError
-    from sim.models.transfer import MECHANISMS
     from sim.runs import capacity as pl
     from traces.jsonout import dumps, writable_file
 
@@ -52,14 +61,87 @@ def run(args) -> int:
             args.ttft_slo, args.tpot_slo = (float(x) for x in args.slo.split(","))
         except ValueError:
             raise ConfigError(f"--slo {args.slo!r}: expected TTFT_S,TPOT_S (e.g. 2,0.2)") from None
-    if args.rate is None or not args.rate > 0:
-        raise ConfigError(f"--rate must be > 0 req/s, got {args.rate}")
     if not 0 < args.target <= 1:
         raise ConfigError(f"--target must be in (0, 1], got {args.target}")
+    if args.map is not None or args.rates is not None or args.workloads is not None:
+        return _run_map(args)
+    if args.rate is None:
+        raise ConfigError("--rate is required (the load to plan for, req/s), or --map PNG "
+                          "for the map over --rates and --workloads")
+    if not args.rate > 0:
+        raise ConfigError(f"--rate must be > 0 req/s, got {args.rate}")
     config = config_from_args(args)
     if args.plot is not None:
         writable_file(args.plot, "--plot")
-    space = pl.Space(prefill_devices=_names(args.prefill_devices),
+    space = _space(args)
+    _announce(args, config)
+    result = pl.plan(config, args.rate, args.target, space, pl.load_costs(args.catalog),
+                     args.workers, progress=not args.json, ray_address=args.ray)
+    if args.plot is not None:
+        pl.plot_plan(result, args.plot)
+    print(dumps(result) if args.json else pl.format_plan(result))
+    return 0
+
+
+def _run_map(args) -> int:
+    """``--map PNG``: the planner's verdict at every (workload, rate), printed and drawn."""
+    from sim.config import ConfigError
+    from sim.runs import paymap as pm
+    from sim.runs.capacity import load_costs
+    from sim.runs.plan_report import format_map, plot_map
+    from sim.runs.sweep import parse_rates
+    from traces.jsonout import dumps, writable_file
+
+    if args.map is None:
+        raise ConfigError(f"{'--rates' if args.rates is not None else '--workloads'} "
+                          f"needs --map PNG (one plan takes --rate and --workload)")
+    for flag, value, use in (("--rate", args.rate, "--rates"),
+                             ("--workload", args.workload, "--workloads"),
+                             ("--plot", args.plot, "--map")):
+        if value is not None:
+            raise ConfigError(f"{flag} with --map: the map takes {use}")
+    rates = parse_rates(args.rates) if args.rates is not None else pm.DEFAULT_RATES
+    workloads = (pm.parse_workloads(args.workloads) if args.workloads is not None
+                 else pm.DEFAULT_WORKLOADS)
+    writable_file(args.map, "--map")
+    slo = None                            # each workload's own SLOs, unless both are given
+    if (args.ttft_slo is None) != (args.tpot_slo is None):
+        raise ConfigError("--ttft-slo/--tpot-slo with --map: give both (or --slo TTFT_S,TPOT_S)"
+                          " to set one pair for every workload")
+    if args.ttft_slo is not None:
+        slo = (args.ttft_slo, args.tpot_slo)
+    config, space = config_from_args(args), pm.map_space(_space(args))
+    _announce_map(args, config, space, len(rates) * len(workloads), max(rates))
+    rows = pm.paymap(config, workloads, rates, args.target, space, load_costs(args.catalog),
+                     slo, args.workers, progress=not args.json, ray_address=args.ray)
+    plot_map(rows, args.map)
+    print(dumps(rows) if args.json else format_map(rows))
+    if not args.json:
+        print(f"map written to {args.map}")
+    return 0
+
+
+def _announce_map(args, config, space, num_points: int, top_rate: float) -> None:
+    """The map's estimate, at most: every point's plan (``plan_runs_at_most``), one point per
+    worker at a time."""
+    import os
+
+    from sim.config.run_size import expected_num_requests, run_bytes
+    from sim.runs.paymap import plan_runs_at_most
+
+    per_run = expected_num_requests(config.replace(**{"workload.rate": top_rate}).workload)
+    runs = num_points * plan_runs_at_most(space)
+    workers = min(args.workers or os.cpu_count() or 1, num_points)
+    announce("hawk plan --map", per_run, args.max_wall_s, copies_in_turn=runs,
+             in_parallel=workers, peak_bytes=workers * run_bytes(per_run), quiet=args.json,
+             what=f"the map's {num_points} points ({runs} runs at most)")
+
+
+def _space(args):
+    from sim.models.transfer import MECHANISMS
+    from sim.runs import capacity as pl
+
+    return pl.Space(prefill_devices=_names(args.prefill_devices),
                      decode_devices=_names(args.decode_devices),
                      tps=tuple(_ints(args.tp, "--tp")),
                      decode_batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
@@ -68,13 +150,6 @@ def run(args) -> int:
                      deployments=_names(args.deployments, pl.DEPLOYMENTS, "--deployments"),
                      max_instances=args.max_instances, max_candidates=args.max_candidates,
                      max_knees=args.max_knees)
-    _announce(args, config)
-    result = pl.plan(config, args.rate, args.target, space, pl.load_costs(args.catalog),
-                     args.workers, progress=not args.json, ray_address=args.ray)
-    if args.plot is not None:
-        pl.plot_plan(result, args.plot)
-    print(dumps(result) if args.json else pl.format_plan(result))
-    return 0
 
 
 def _announce(args, config) -> None:

@@ -90,3 +90,88 @@ def plan_figure(result: dict):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# -- the map of ``sim.runs.paymap`` -----------------------------------------------------------
+
+#: a map cell's colour by its winner (None: no candidate of either deployment meets the target)
+WINNER_COLOURS = {"aggregated": "tab:blue", "disaggregated": "tab:orange", None: "lightgrey"}
+_MAP_METRICS = (("cost", "$/success", "{:.5f}"), ("energy", "tok/J", "{:.3g}"))
+
+
+def margin_text(winner, margin) -> str:
+    """``+12%`` (the winner's margin), ``only`` (the other deployment meets no target) or
+    ``none`` (neither does)."""
+    if winner is None:
+        return "none"
+    return "only" if margin != margin else f"+{100 * margin:.0f}%"
+
+
+def format_map(rows: list[dict]) -> str:
+    """The map as a table: per point and metric the winner, its margin and both deployments'
+    best values; then each point's best configurations on cost."""
+    head = f"{'workload':<14} {'req/s':>6}"
+    for metric, unit, _ in _MAP_METRICS:
+        head += (f"  {metric + ' winner':<15} {'margin':>6} {'agg ' + unit:>12} "
+                 f"{'disagg ' + unit:>13}")
+    lines = [head]
+    for r in rows:
+        line = f"{r['workload']:<14} {r['rate']:>6g}"
+        for metric, _, fmt in _MAP_METRICS:
+            values = [r[f"{metric}_{d}"] for d in ("aggregated", "disaggregated")]
+            shown = ["-" if v != v else fmt.format(v) for v in values]
+            line += (f"  {r[f'{metric}_winner'] or '-':<15} "
+                     f"{margin_text(r[f'{metric}_winner'], r[f'{metric}_margin']):>6} "
+                     f"{shown[0]:>12} {shown[1]:>13}")
+        lines.append(line)
+    lines.append("margin: the winner's advantage over the other deployment's best (only: the "
+                 "other meets no target; none: neither does)")
+    lines.append("best on cost at each point (aggregated | disaggregated):")
+    for r in rows:
+        lines.append(f"  {r['workload']} @ {r['rate']:g}: {r['cost_aggregated_config'] or '-'}"
+                     f" | {r['cost_disaggregated_config'] or '-'}")
+    return "\n".join(lines)
+
+
+def plot_map(rows: list[dict], path) -> None:
+    """``map_figure`` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = map_figure(rows)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def map_figure(rows: list[dict]):
+    """Two panels, cost and energy: x the rate, y the workload, each cell coloured by the
+    winning deployment and labelled with its margin."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    rates = sorted({r["rate"] for r in rows})
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 1.6 * len(rates), 1.5 + 0.6 * len(workloads)),
+                             sharey=True)
+    for ax, (metric, unit, _) in zip(axes, _MAP_METRICS):
+        for r in rows:
+            x, y, win = rates.index(r["rate"]), workloads.index(r["workload"]), \
+                r[f"{metric}_winner"]
+            ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=WINNER_COLOURS[win],
+                                   edgecolor="white", linewidth=2))
+            ax.text(x, y, margin_text(win, r[f"{metric}_margin"]), ha="center", va="center",
+                    fontsize=9)
+        ax.set_xlim(-0.5, len(rates) - 0.5)
+        ax.set_ylim(-0.5, len(workloads) - 0.5)
+        ax.set_xticks(range(len(rates)), [f"{x:g}" for x in rates])
+        ax.set_yticks(range(len(workloads)), workloads)
+        ax.set_xlabel("rate (req/s)")
+        ax.set_title(f"{metric} ({unit})", fontsize=10)
+    axes[0].invert_yaxis()                  # the first workload on top
+    fig.legend(handles=[Patch(color=c, label=w or "neither meets the target")
+                        for w, c in WINNER_COLOURS.items()], loc="lower center", ncol=3,
+               fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return fig

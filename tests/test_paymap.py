@@ -48,6 +48,7 @@ def test_each_cell_is_what_the_planner_says_at_that_point(rows):
 
 
 def test_margins_point_the_winners_way(rows):
+    both = 0
     for row in rows:
         for metric, lower in (("cost", True), ("energy", False)):
             win, margin = row[f"{metric}_winner"], row[f"{metric}_margin"]
@@ -57,10 +58,19 @@ def test_margins_point_the_winners_way(rows):
                 assert win == (met.pop() if met else None) and math.isnan(margin)
                 continue
             ours, other = (agg, dis) if win == "aggregated" else (dis, agg)
+            both += 1
             assert margin >= 0
             assert (ours <= other) if lower else (ours >= other)
             expected = (other - ours) / other if lower else (ours - other) / other
             assert margin == pytest.approx(expected)
+    assert both, "some cell has both deployments meeting the target"
+
+
+def test_the_rows_are_the_same_whichever_runs_the_points(rows):
+    from traces.jsonout import dumps
+
+    two = pm.paymap(BASE, WORKLOADS, RATES, 0.9, SPACE, workers=2, progress=False)
+    assert dumps(two) == dumps(rows)
 
 
 def test_the_table_shows_every_point_and_its_margin(rows):
@@ -81,6 +91,7 @@ def test_the_table_shows_every_point_and_its_margin(rows):
     (("--rate", "1"), "--rate with --map: the map takes --rates"),
     (("--workload", "code"), "--workload with --map: the map takes --workloads"),
     (("--ttft-slo", "3"), "give both"),
+    (("--plot", "f.png"), "--plot with --map: a map has no single plan's frontier"),
 ])
 def test_bad_map_flags_are_refused_in_one_line(tmp_path, capsys, argv, message):
     png = tmp_path / "map.png"

@@ -42,7 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", type=Path, help="write a PNG of the frontier")
     p.add_argument("--map", type=Path, metavar="PNG", help="plan at every rate of --rates "
                    "and workload of --workloads; print which deployment wins each point on "
-                   "cost and on energy, with the margin, and draw the map to PNG")
+                   "cost and on energy, with the margin, and draw the map to PNG (no knees "
+                   "are bisected: they do not change a verdict)")
     p.add_argument("--rates", help="the map's rates, req/s: a list (1,2,4) or "
                    "start:stop:step (default 1,2,4)")
     p.add_argument("--workloads", help="the map's workloads, comma-separated (default "
@@ -95,11 +96,11 @@ def _run_map(args) -> int:
     if args.map is None:
         raise ConfigError(f"{'--rates' if args.rates is not None else '--workloads'} "
                           f"needs --map PNG (one plan takes --rate and --workload)")
-    for flag, value, use in (("--rate", args.rate, "--rates"),
-                             ("--workload", args.workload, "--workloads"),
-                             ("--plot", args.plot, "--map")):
+    for flag, value, why in (("--rate", args.rate, "the map takes --rates"),
+                             ("--workload", args.workload, "the map takes --workloads"),
+                             ("--plot", args.plot, "a map has no single plan's frontier")):
         if value is not None:
-            raise ConfigError(f"{flag} with --map: the map takes {use}")
+            raise ConfigError(f"{flag} with --map: {why}")
     rates = parse_rates(args.rates) if args.rates is not None else pm.DEFAULT_RATES
     workloads = (pm.parse_workloads(args.workloads) if args.workloads is not None
                  else pm.DEFAULT_WORKLOADS)

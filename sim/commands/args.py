@@ -70,7 +70,9 @@ def policy_changes(assignments: list[str]) -> dict:
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="TOML run configuration")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), help="paper workload (default chatbot)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS),
+                   help="workload (default chatbot; chatbot and summarization are the paper's, "
+                        "code the Azure 2023 code trace's lengths)")
     p.add_argument("--num-requests", type=int, help="requests to simulate (default 2000)")
     p.add_argument("--duration", type=float, help="seconds of arrivals instead of a count")
     p.add_argument("--seed", type=int, help="random seed (default 0)")

@@ -281,6 +281,32 @@ def _shown(value, tally: Tally) -> str:
     return f"{float(value):g} {tally.spec.time_unit}"
 
 
+#: bytes sampled from a text trace's start to estimate its rows from its size
+SAMPLE_BYTES = 1 << 20
+
+
+def estimate_rows(path) -> int:
+    """The rows of a trace file, estimated without reading it: a Parquet file's footer, else
+    the file's size over the mean line length of its first ``SAMPLE_BYTES`` (exact for a file
+    that short; a CSV's header line is not a row). Rows, not requests: bad, filtered and
+    windowed rows are only known once the file is read."""
+    path = resolve_trace(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such trace file")
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        sample = f.read(SAMPLE_BYTES)
+    lines = sample.count(b"\n") + (0 if sample.endswith(b"\n") or not sample else 1)
+    header = 0 if sample.lstrip()[:1] == b"{" else 1
+    if len(sample) == size or lines <= header:
+        return max(lines - header, 0)
+    return round(size / (len(sample) / lines)) - header
+
+
 def open_stream(path, format: str | None, skip_bad: bool, num_requests: int | None,
                 duration_s: float | None, shape: ShapeSpec, whole_file: bool,
                 quiet: bool = False, longer_than: int | None = None

@@ -297,6 +297,27 @@ def _announce(args, config: RunConfig, trace, streamed: bool, cells: int = 1,
              in_parallel=in_parallel, peak_bytes=peak, quiet=args.json)
 
 
+def _announce_file(args, config: RunConfig, path: Path, num: int | None,
+                   whole_file: bool) -> None:
+    """Before a trace file is read: its rows estimated from its size, read twice (the scan
+    and the run's read) or once (``--no-stream``), and the run; refused past --max-wall-s."""
+    import os
+
+    from sim.config.run_size import SECONDS_PER_TRACE_ROW
+    from traces.trace_stream import estimate_rows
+
+    rows = estimate_rows(path)
+    n = rows if num is None else min(rows, num)
+    reads = 1 if args.stream is False else 2
+    read_s = reads * (rows if whole_file else n) * SECONDS_PER_TRACE_ROW
+    cells = config.cells.count
+    what = (f"hawk simulate --trace {path.name} (about {rows:,} rows by its size, read "
+            f"{'once' if reads == 1 else 'twice'})")
+    announce(what, n / cells, args.max_wall_s, copies_in_turn=cells, quiet=args.json,
+             in_parallel=min(cells, args.workers or os.cpu_count() or 1), what=what,
+             extra_s=read_s)
+
+
 def _stream_for(args, config: RunConfig, trace):
     """How ``simulate`` streams (``sim.engine.stream``): records into ``--out``/records.parquet as a
     dataset; None for the in-memory path. ``--stream``/``--no-stream`` decide, else size."""
@@ -342,6 +363,7 @@ def _trace_for(args, config: RunConfig):
     start, end = parse_window(args.window)
     spec = ShapeSpec(start_s=start, end_s=end,
                      rate_scale=1.0 if args.rate_scale is None else args.rate_scale)
+    _announce_file(args, config, path, num, whole_file=args.window is not None)
     if args.stream is not False:            # read in blocks, never whole (traces.trace_stream)
         from sim.config.run_size import STREAM_MIN_REQUESTS
         from traces.trace_stream import open_stream

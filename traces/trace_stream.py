@@ -309,8 +309,8 @@ def estimate_rows(path) -> int:
 
 def open_stream(path, format: str | None, skip_bad: bool, num_requests: int | None,
                 duration_s: float | None, shape: ShapeSpec, whole_file: bool,
-                quiet: bool = False, longer_than: int | None = None
-                ) -> tuple[RequestSource, dict] | None:
+                quiet: bool = False, longer_than: int | None = None,
+                mapping: ColumnMapping | None = None) -> tuple[RequestSource, dict] | None:
     """``hawk simulate --trace FILE --stream``: the scanned source and the trace's part of
     the summary (what a loaded trace reports: path, load and shaping reports, requests).
 
@@ -320,7 +320,7 @@ def open_stream(path, format: str | None, skip_bad: bool, num_requests: int | No
     import sys
     from dataclasses import asdict
 
-    spec = TraceStream(Path(path), format, skip_bad, num_requests=num_requests,
+    spec = TraceStream(Path(path), format, skip_bad, mapping, num_requests=num_requests,
                        duration_s=duration_s, shape=shape, whole_file=whole_file)
     try:
         found = scan(spec)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from traces import metrics
 from sim.config import ConfigError, RunConfig
+from traces.commands import add_columns_arg
 from traces.jsonout import dumps, writable_dir
 from sim.commands.args import (add_common, add_max_wall, add_profile, add_ray, add_workers,
                                announce, config_from_args)
@@ -169,6 +170,7 @@ def add_parser(sub) -> None:
                         "memory (percentiles within 1%%); default: only runs over 1,000,000 "
                         "requests stream")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows, reported")
+    add_columns_arg(p)
     p.add_argument("--rate-scale", type=float, metavar="FACTOR",
                    help="replay the trace FACTOR times as fast (2 = twice the request rate)")
     p.add_argument("--window", metavar="START:END",
@@ -370,10 +372,12 @@ def _trace_for(args, config: RunConfig):
 
         streamed = open_stream(path, args.trace_format, args.skip_bad, num, duration, spec,
                                args.window is not None, quiet=args.json,
-                               longer_than=None if args.stream else STREAM_MIN_REQUESTS)
+                               longer_than=None if args.stream else STREAM_MIN_REQUESTS,
+                               mapping=args.columns)
         if streamed is not None:            # else short (or unsorted): loaded whole below
             return streamed
     trace, report = load_trace(path, args.trace_format, skip_bad=args.skip_bad,
+                               mapping=args.columns,
                                max_requests=num if args.window is None else None)
     trace, shaped = shape(trace, spec)
     if num is not None:

@@ -353,3 +353,26 @@ def test_compare_reads_a_trace_by_its_own_column_names(tmp_path, capsys):
                  str(tmp_path / "b.toml"), "--trace", str(path), "--columns", COLUMNS,
                  "--workers", "1"]) == 0
     assert "(12 requests)" in capsys.readouterr().out
+
+
+# --- a transport test that skips says how to get what it needs -----------------------------
+
+@pytest.mark.parametrize("error, says", [
+    ("libibverbs.so.1: cannot open shared object file", "bash scripts/install-rdma-packages.sh"),
+    ("No module named 'mooncake'", "pip install -e '.[transfer]'"),
+])
+def test_a_missing_transport_skips_naming_the_step(monkeypatch, error, says):
+    import importlib
+
+    from tests import needs
+
+    def missing(name):
+        raise ImportError(error)
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    for need, want in ((needs.mooncake_engine, says),
+                       (needs.pyverbs, "python3-pyverbs not installed or not visible to this "
+                                       "interpreter: bash scripts/install-rdma-packages.sh")):
+        with pytest.raises(pytest.skip.Exception) as skipped:
+            need()
+        assert want in skipped.value.msg

@@ -14,9 +14,9 @@ from hardware.transport import (
     PeerLost, PlanOutOfBounds, Region, TransferFailed, TransportUnavailable, make_transport,
 )
 from hardware.transport import verbs
+from tests import needs
 
-pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda not "
-                                              "installed (pip install -e '.[transfer]')")
+needs.mooncake_engine()
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_BANKS, BANK_BYTES = 4, 1 << 20

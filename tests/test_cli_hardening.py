@@ -376,3 +376,19 @@ def test_a_missing_transport_skips_naming_the_step(monkeypatch, error, says):
         with pytest.raises(pytest.skip.Exception) as skipped:
             need()
         assert want in skipped.value.msg
+
+
+def test_a_streamed_trace_run_shows_the_offered_rate_the_loaded_one_shows(tmp_path, capsys):
+    import json
+
+    path = write_trace(tmp_path / "fast.csv", [(0.01 * k, 2000, 50) for k in range(400)])
+    shown = {}
+    for mode in ("--stream", "--no-stream"):
+        argv = ["simulate", "--trace", str(path), mode, "--window", "1:2", "--rate-scale", "2"]
+        assert main(argv + ["--json"]) == 0
+        shown[mode] = json.loads(capsys.readouterr().out)["trace"]["offered"]
+        assert main(argv) == 0
+        assert "100 requests over 0.495 s = 200 req/s" in capsys.readouterr().out
+    assert shown["--stream"] == shown["--no-stream"] == {"num_requests": 100,
+                                                         "span_s": pytest.approx(0.495),
+                                                         "rate": pytest.approx(200.0)}

@@ -351,7 +351,7 @@ def _trace_for(args, config: RunConfig):
         return None, None
     from dataclasses import asdict
 
-    from traces.shaping import ShapeSpec, parse_window, shape
+    from traces.shaping import ShapeSpec, offered_load, parse_window, shape
 
     if args.rate is not None:
         raise ConfigError(f"--rate sets a Poisson arrival rate, but the arrivals come from the "
@@ -390,11 +390,5 @@ def _trace_for(args, config: RunConfig):
     if not args.json:
         print(report.describe() + "\n  shaping: " + shaped.describe(), file=sys.stderr)
     return trace, {"path": str(path), "load": report.as_dict(), "shaping": asdict(shaped),
-                   "num_simulated": len(trace), "offered": offered_load(trace.arrival_at)}
-
-
-def offered_load(arrival_at) -> dict:
-    """Requests, the span of their arrivals (first to last) and the offered rate over it."""
-    n = len(arrival_at)
-    span = float(arrival_at[-1] - arrival_at[0]) if n else 0.0
-    return {"num_requests": n, "span_s": span, "rate": (n - 1) / span if span > 0 else math.nan}
+                   "num_simulated": len(trace), "offered": offered_load(
+                       len(trace), float(trace.arrival_at[-1] - trace.arrival_at[0]))}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.commands.args import add_max_wall, add_ray, add_workers, announce, whole_number
-from traces.commands import add_columns_arg
+from traces.trace_flags import add_columns_arg
 
 
 def add_parser(sub) -> None:

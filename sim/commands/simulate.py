@@ -10,7 +10,7 @@ from pathlib import Path
 
 from traces import metrics
 from sim.config import ConfigError, RunConfig
-from traces.commands import add_columns_arg
+from traces.trace_flags import add_columns_arg
 from traces.jsonout import dumps, writable_dir
 from sim.commands.args import (add_common, add_max_wall, add_profile, add_ray, add_workers,
                                announce, config_from_args)

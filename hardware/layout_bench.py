@@ -266,7 +266,7 @@ def _all_paths(paths: list) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=5)

@@ -232,7 +232,7 @@ def pack_layer(layer: torch.Tensor, sources: torch.Tensor, send_rows: torch.Tens
 
 def main(argv=None) -> int:
     """``python -m hardware.layout_kernel --build``: build the kernel ahead of serving."""
-    p = argparse.ArgumentParser(prog="python -m hardware.layout_kernel",
+    p = argparse.ArgumentParser(prog="python -m hardware.layout_kernel", allow_abbrev=False,
                                 description="Build the fused CPU kernel of the HAWK "
                                             "transformation ahead of serving.")
     p.add_argument("--build", action="store_true", required=True,

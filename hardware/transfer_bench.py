@@ -444,7 +444,7 @@ def format_table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--serve", action="store_true")
     p.add_argument("--size-bytes", type=int)
     p.add_argument("--transport", default="mooncake")

@@ -221,3 +221,174 @@ def test_a_transfer_fitted_faster_than_memory_is_warned(tmp_path, capsys):
     assert "warning: transfer GN-HAWK: fitted bandwidth" in out
     assert "above the measuring machine's memory bandwidth" in out
     assert "warning: transfer GG-Direct" not in out
+
+
+# --- a trace file estimated before it is read ---------------------------------------------
+
+def big_trace(path: Path, rows: int, good_rows: int) -> Path:
+    """A CSV of ``rows`` rows whose rows past ``good_rows`` are bad: a run that reads past
+    them fails naming a line, so a refusal that names the estimate read none of them."""
+    body = "".join(f"{0.01 * k:.2f},200,20\n" for k in range(good_rows))
+    bad = "x,y,z\n" * (rows - good_rows)
+    path.write_text("arrival_at,num_prompt_tokens,num_output_tokens\n" + body + bad)
+    return path
+
+
+@pytest.mark.parametrize("mode", ["--stream", "--no-stream"])
+def test_a_long_trace_file_is_refused_before_it_is_read(tmp_path, capsys, mode):
+    path = big_trace(tmp_path / "day.csv", 150_000, 60_000)
+    err = refused(capsys, "simulate", "--trace", str(path), mode, "--max-wall-s", "2")
+    assert "day.csv (about 1" in err and "rows by its size" in err
+    assert ("read twice" if mode == "--stream" else "read once") in err
+    assert "simulated requests would take about" in err and "--max-wall-s" in err
+    assert "line" not in err                                # no row was checked
+
+
+def test_a_streamed_trace_is_announced_before_its_scan(tmp_path, capsys, monkeypatch):
+    from traces import trace_stream
+
+    seen = []
+
+    def scan_stops(spec):
+        seen.append(capsys.readouterr().err)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(trace_stream, "scan", scan_stops)
+    path = big_trace(tmp_path / "day.csv", 150_000, 150_000)
+    with pytest.raises(SystemExit):
+        main(["simulate", "--trace", str(path), "--stream"])
+    assert len(seen) == 1 and seen[0].count("\n") == 1
+    assert seen[0].startswith("hawk simulate --trace day.csv (about 1")
+    assert "read twice): about 1" in seen[0] and "on this machine" in seen[0]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
+def test_trace_rows_are_estimated_from_the_size(tmp_path, suffix):
+    import pandas as pd
+
+    from traces.trace_stream import estimate_rows
+
+    for rows in (7, 200_000):                               # under, then far over the sample
+        frame = pd.DataFrame({"arrival_at": [0.5 * k for k in range(rows)],
+                              "num_prompt_tokens": 300, "num_output_tokens": 30})
+        path = tmp_path / f"t{rows}{suffix}"
+        if suffix == ".csv":
+            frame.to_csv(path, index=False)
+        elif suffix == ".jsonl":
+            frame.to_json(path, orient="records", lines=True)
+        else:
+            frame.to_parquet(path)
+        got = estimate_rows(path)
+        assert got == rows if rows < 1000 or suffix == ".parquet" else \
+            abs(got - rows) < 0.1 * rows
+
+
+# --- the standalone entry points refuse abbreviations too -----------------------------------
+
+class _Parsed(Exception):
+    pass
+
+
+def standalone_parser(monkeypatch, module: str):
+    """The parser ``python -m module`` builds, caught as its ``main`` parses (nothing runs)."""
+    import argparse
+    import importlib
+
+    def catch(self, args=None, namespace=None):
+        raise _Parsed(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(argparse.ArgumentParser, "parse_args", catch)
+        with pytest.raises(_Parsed) as caught:
+            importlib.import_module(module).main([])
+    return caught.value.args[0]
+
+
+@pytest.mark.parametrize("module, argv, abbreviation", [
+    ("hardware.model.hf_dir", ["--out", "x"], "--se"),                    # --seed
+    ("hardware.serve.worker", ["--role", "prefill", "--router", "127.0.0.1:1"], "--max-batch-t"),
+    ("hardware.serve.profile_measure", ["--model", "m", "--lengths", "8:1"], "--serve"),
+    ("hardware.serve.speed", [], "--num-req"),
+    ("hardware.layout_kernel", ["--build"], "--wait"),
+    ("hardware.layout_bench", [], "--tok"),
+    ("hardware.transfer_bench", [], "--size"),                           # --size-bytes
+    ("traces.stub_server", [], "--ttf"),
+])
+def test_standalone_parsers_never_abbreviate(monkeypatch, capsys, module, argv, abbreviation):
+    parser = standalone_parser(monkeypatch, module)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([*argv, abbreviation, "1"])
+    assert exit_.value.code == 2
+    assert f"unrecognized arguments: {abbreviation} 1" in capsys.readouterr().err
+
+
+# --- a trace with its own column names, from the command line -----------------------------
+
+COLUMNS = "arrival_at=ts,num_prompt_tokens=in,num_output_tokens=out,time_unit=ms"
+
+
+def own_columns(path: Path) -> Path:
+    path.write_text("ts,in,out\n" + "".join(f"{1500 * k},{100 + k},{5 + k}\n"
+                                            for k in range(12)))
+    return path
+
+
+@pytest.mark.parametrize("mode", ["--stream", "--no-stream"])
+def test_simulate_reads_a_trace_by_its_own_column_names(tmp_path, capsys, mode):
+    import json
+
+    path = own_columns(tmp_path / "own.csv")
+    assert main(["simulate", "--trace", str(path), "--columns", COLUMNS, mode, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["trace"]["num_simulated"] == 12
+    assert 16.5 <= summary["simulated_time_s"] < 30     # 11 gaps of 1,500 ms, read as ms
+    assert refused(capsys, "simulate", "--trace", str(path), mode).count("--columns") == 1
+
+
+def test_compare_reads_a_trace_by_its_own_column_names(tmp_path, capsys):
+    for name, fairness in (("a", "fcfs"), ("b", "weighted_fair")):
+        (tmp_path / f"{name}.toml").write_text(f'[cluster.policies]\nfairness = "{fairness}"\n')
+    path = own_columns(tmp_path / "own.csv")
+    assert main(["compare", "--baseline", str(tmp_path / "a.toml"), "--candidate",
+                 str(tmp_path / "b.toml"), "--trace", str(path), "--columns", COLUMNS,
+                 "--workers", "1"]) == 0
+    assert "(12 requests)" in capsys.readouterr().out
+
+
+# --- a transport test that skips says how to get what it needs -----------------------------
+
+@pytest.mark.parametrize("error, says", [
+    ("libibverbs.so.1: cannot open shared object file", "bash scripts/install-rdma-packages.sh"),
+    ("No module named 'mooncake'", "pip install -e '.[transfer]'"),
+])
+def test_a_missing_transport_skips_naming_the_step(monkeypatch, error, says):
+    import importlib
+
+    from tests import needs
+
+    def missing(name):
+        raise ImportError(error)
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    for need, want in ((needs.mooncake_engine, says),
+                       (needs.pyverbs, "python3-pyverbs not installed or not visible to this "
+                                       "interpreter: bash scripts/install-rdma-packages.sh")):
+        with pytest.raises(pytest.skip.Exception) as skipped:
+            need()
+        assert want in skipped.value.msg
+
+
+def test_a_streamed_trace_run_shows_the_offered_rate_the_loaded_one_shows(tmp_path, capsys):
+    import json
+
+    path = write_trace(tmp_path / "fast.csv", [(0.01 * k, 2000, 50) for k in range(400)])
+    shown = {}
+    for mode in ("--stream", "--no-stream"):
+        argv = ["simulate", "--trace", str(path), mode, "--window", "1:2", "--rate-scale", "2"]
+        assert main(argv + ["--json"]) == 0
+        shown[mode] = json.loads(capsys.readouterr().out)["trace"]["offered"]
+        assert main(argv) == 0
+        assert "100 requests over 0.495 s = 200 req/s" in capsys.readouterr().out
+    assert shown["--stream"] == shown["--no-stream"] == {"num_requests": 100,
+                                                         "span_s": pytest.approx(0.495),
+                                                         "rate": pytest.approx(200.0)}

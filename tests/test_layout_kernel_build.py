@@ -115,3 +115,36 @@ def test_warm_up_and_build_do_nothing_when_the_kernel_is_off(monkeypatch, capsys
     assert layout_kernel.warm_up() == []
     assert layout_kernel.main(["--build"]) == 0
     assert "nothing built" in capsys.readouterr().out
+
+
+class _Reached(Exception):
+    pass
+
+
+def test_a_prefill_worker_builds_the_kernel_before_anything_can_reach_it(monkeypatch):
+    """Its transport (and after it the pull server and the join) come only once the kernel is
+    built, so no request of a joined worker waits on a compile."""
+    import argparse
+
+    torch = pytest.importorskip("torch")
+    from hardware import transport
+    from hardware.serve import worker
+
+    calls = []
+    monkeypatch.setattr(layout_kernel, "warm_up", lambda *a, **k: calls.append("kernel") or [])
+
+    def reached(*a, **k):
+        calls.append("transport")
+        raise _Reached
+
+    monkeypatch.setattr(transport, "make_transport", reached)
+    p = argparse.ArgumentParser()
+    worker.add_arguments(p)
+    args = p.parse_args(["--role", "prefill", "--router", "127.0.0.1:1", "--device", "cpu"])
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(_Reached):
+            worker.run_prefill(args, "token")
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == ["kernel", "transport"]

@@ -14,6 +14,7 @@ from hardware import mechanisms as m
 from hardware.protocol import DecodeClient, PrefillServer
 from hardware.transport import make_transport
 from hardware.transport.loopback import LoopbackFabric
+from tests import needs
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -75,8 +76,7 @@ def test_unknown_mechanism_is_refused():
 
 
 def test_transfer_bench_json_across_processes():
-    pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda not "
-                                                  "installed (pip install -e '.[transfer]')")
+    needs.mooncake_engine()
     cmd = [sys.executable, "-c", "import sys; from sim.commands.main import main; sys.exit(main())",
            "real", "transfer-bench", "--sizes", "1,2", "--repeats", "1", "--json",
            "--num-layers", "2"]

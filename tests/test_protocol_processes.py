@@ -18,9 +18,9 @@ import pytest
 from hardware.protocol import DecodeClient, PrefillServer, recv_msg, send_msg
 from hardware.transport import PeerLost, TransferFailed, TransportError, make_transport
 from hardware.transport.buffers import BytesSource, StripedSink
+from tests import needs
 
-pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda not "
-                                              "installed (pip install -e '.[transfer]')")
+needs.mooncake_engine()
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "two-process-token"

@@ -9,8 +9,10 @@ import csv
 
 import pytest
 
+from tests import needs
+
 torch = pytest.importorskip("torch")
-pytest.importorskip("mooncake.engine", reason="the workers' transport is Mooncake over TCP")
+needs.mooncake_engine()
 
 from hardware.serve import profile  # noqa: E402
 from hardware.serve.profile_files import ProfileError, Table, prepare  # noqa: E402

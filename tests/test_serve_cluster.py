@@ -12,9 +12,11 @@ import urllib.request
 import numpy as np
 import pytest
 
+from tests import needs
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("aiohttp")
-pytest.importorskip("mooncake.engine", reason="the workers' transport is Mooncake over TCP")
+needs.mooncake_engine()
 
 from hardware.model.config import tiny_config  # noqa: E402
 from hardware.model.generate import greedy_generate, quantize_kv  # noqa: E402

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import TAG_ENV, killed_after, start_hawk, tagged, wait_until
+from tests import needs
 
 
 
@@ -24,7 +25,7 @@ def processes():
     """Skip unless the real mode's processes can run here."""
     pytest.importorskip("torch")
     pytest.importorskip("aiohttp")
-    pytest.importorskip("mooncake.engine", reason="the workers' transport is Mooncake over TCP")
+    needs.mooncake_engine()
 
 
 def get(endpoint: str, path: str):

@@ -4,10 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
+
 nbformat = pytest.importorskip("nbformat", reason="notebook tests need the test extra")
 nbclient = pytest.importorskip("nbclient", reason="notebook tests need the test extra")
 pytest.importorskip("torch")
-pytest.importorskip("mooncake.engine", reason="the workers' transport is Mooncake over TCP")
+needs.mooncake_engine()
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "real-mode.ipynb"
 

@@ -16,6 +16,7 @@ import pytest
 from hardware.serve.router import prompt_key
 from hardware.serve.run import build_records, fit_to_context
 from traces.trace import Trace
+from tests import needs
 
 
 def test_records_take_worker_instants_and_name_what_never_finished():
@@ -65,7 +66,7 @@ def test_tenants_survive_scaling_and_reach_the_records():
 def test_a_stopped_run_writes_what_finished_marked_incomplete_and_leaves_no_process(signum,
                                                                                   tmp_path):
     pytest.importorskip("torch")
-    pytest.importorskip("mooncake.engine")
+    needs.mooncake_engine()
     from tests.processes import killed_after, start_hawk, tagged, wait_until
     from traces.schema import INCOMPLETE, read_records
 

@@ -15,6 +15,7 @@ from hardware.transport import (
 )
 from hardware.transport.loopback import LoopbackFabric
 from hardware.transport import verbs
+from tests import needs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -177,7 +178,7 @@ def test_verbs_read_translation_swaps_local_and_remote():
 
 
 def test_verbs_work_requests_build_pyverbs_objects():
-    e = pytest.importorskip("pyverbs.enums", reason="Debian python3-pyverbs not installed")
+    e = needs.pyverbs("pyverbs.enums")
     assert (e.IBV_WR_RDMA_WRITE, e.IBV_WR_RDMA_READ) == (verbs.WR_RDMA_WRITE,
                                                           verbs.WR_RDMA_READ)
     chain = verbs.chains(verbs.work_requests(make_batch(), np.full(7, 1), max_chain=4))[0]
@@ -190,7 +191,7 @@ def test_verbs_work_requests_build_pyverbs_objects():
 def test_verbs_posting_needs_a_device():
     if verbs.rdma_devices():
         pytest.skip("an RDMA device is present; see test_verbs_real_write")
-    pytest.importorskip("pyverbs", reason="Debian python3-pyverbs not installed")
+    needs.pyverbs()
     with pytest.raises(TransportUnavailable, match="no RDMA device"):
         make_transport("verbs")
 

@@ -14,9 +14,9 @@ from hardware.transport import (
     PeerLost, PlanOutOfBounds, Region, TransferFailed, TransportUnavailable, make_transport,
 )
 from hardware.transport import verbs
+from tests import needs
 
-pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda not "
-                                              "installed (pip install -e '.[transfer]')")
+needs.mooncake_engine()
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_BANKS, BANK_BYTES = 4, 1 << 20
@@ -229,7 +229,7 @@ def test_local_only_regions_are_not_registered_with_the_engine(local):
     local.release(region)
 
 
-def test_the_engine_keeps_its_info_and_warning_lines_off_the_terminal():
+def test_the_engine_keeps_its_own_log_lines_off_the_terminal():
     code = ("from hardware.transport import make_transport\n"
             "t = make_transport('mooncake', host='127.0.0.1', protocol='tcp')\n"
             "t.close()\n")
@@ -237,6 +237,26 @@ def test_the_engine_keeps_its_info_and_warning_lines_off_the_terminal():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    chatter = [line for line in out.stderr.splitlines() if line[:1] in "IW" and
+    chatter = [line for line in out.stderr.splitlines() if line[:1] in "IWE" and
                line[1:5].isdigit()]
-    assert chatter == []                  # glog's I/W lines: topology, metrics, malloc notes
+    assert chatter == []       # glog's I/W lines (topology, metrics, malloc), its start-up E line
+    assert "InitGoogleLogging" not in out.stderr
+
+
+def test_only_the_engines_start_up_noise_is_held_back():
+    code = textwrap.dedent("""
+        import os, sys
+        from hardware.transport.mooncake import engine_stderr_filtered
+        with engine_stderr_filtered():
+            os.write(2, b"WARNING: Logging before InitGoogleLogging() is written to STDERR\\n")
+            os.write(2, b"E1202 14:19:31.2 16596 transfer_metadata.cpp:1098] Local segment "
+                        b"descriptor not found\\n")
+            os.write(2, b"E1202 14:19:31.3 16596 tcp_transport.cpp:80] connect failed\\n")
+            print("python's own", file=sys.stderr)
+        print("after", file=sys.stderr)
+        """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == ["E1202 14:19:31.3 16596 tcp_transport.cpp:80] connect "
+                                       "failed", "python's own", "after"]

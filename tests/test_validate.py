@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from sim.validation import errors as val
+from tests import needs
 
 STAGE_S = {"queue": 0.01, "prefill": 0.02, "transfer_wait": 0.005, "transfer": 0.015,
            "first_decode": 0.01}
@@ -304,7 +305,7 @@ def test_the_command_runs_both_sides_end_to_end_on_a_tiny_trace(tmp_path, capsys
     files: ``test_validate_finds_the_knee_...`` above, the sides replaced.)"""
     pytest.importorskip("torch")
     pytest.importorskip("aiohttp")
-    pytest.importorskip("mooncake.engine", reason="the workers' transport is Mooncake over TCP")
+    needs.mooncake_engine()
     profile = make_profile(tmp_path / "prof", real_model=True)
     out, plot = tmp_path / "out", tmp_path / "cdf.png"
     assert main(["validate", "--profile", str(profile), "--workload", "chatbot",

@@ -23,25 +23,10 @@ import sys
 from pathlib import Path
 
 from traces.jsonout import dumps, writable_dir
+from traces.trace_flags import add_columns_arg
 
 DEFAULT_TTFT_SLO_S = 2.0
 DEFAULT_TPOT_SLO_S = 0.2
-
-
-def add_columns_arg(p) -> None:
-    """``--columns``: which columns of a csv/jsonl/parquet trace hold arrival and lengths."""
-    from traces.formats import ColumnMapping
-
-    def columns(text: str) -> ColumnMapping:
-        try:
-            return ColumnMapping.parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    p.add_argument("--columns", type=columns, metavar="FIELD=COLUMN,...",
-                   help="columns of a csv/jsonl/parquet trace (default arrival_at, "
-                   "num_prompt_tokens, num_output_tokens, seconds), e.g. "
-                   "arrival_at=ts,num_prompt_tokens=in,num_output_tokens=out,time_unit=ms")
 
 
 def register(subparsers) -> None:

@@ -87,6 +87,13 @@ class ShapeReport:
         return "; ".join(parts)
 
 
+def offered_load(num_requests: int, span_s: float) -> dict:
+    """What a trace offers: its requests, the span of their arrivals (first to last) and the
+    rate over that span (NaN for a single request or a span of 0)."""
+    return {"num_requests": int(num_requests), "span_s": float(span_s),
+            "rate": (num_requests - 1) / span_s if span_s > 0 else math.nan}
+
+
 def parse_window(text: str | None, flag: str = "--window") -> tuple[float, float | None]:
     """``"START:END"`` seconds (either may be empty: ``"60:"``, ``":120"``) -> (start, end)."""
     if text is None:

@@ -217,7 +217,8 @@ async def serve(config: StubConfig, host: str = "127.0.0.1", port: int = 0) -> N
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")

@@ -44,7 +44,7 @@ from traces.chunks import CHUNK_SIZE, RequestChunk, RequestSource, rechunk
 from traces.loaders import (FORMATS, TENANT_COLUMNS, TIME_UNITS, ColumnMapping, LoadReport,
                             Tally, TraceFormatError, check_unique, detect_format,
                             norm_column_name, read_blocks, tenants_of)
-from traces.shaping import ShapeReport, ShapeSpec
+from traces.shaping import ShapeReport, ShapeSpec, offered_load
 
 #: rows a stream holds back to put rows out of arrival order in their place
 REORDER_ROWS = 65_536
@@ -100,6 +100,8 @@ class Scan:
     report: LoadReport
     shaped: ShapeReport
     tenant_column: str | None
+    #: seconds from the first request's arrival to the last's, as the run gets them
+    span_s: float = 0.0
 
 
 def scan(spec: TraceStream) -> Scan:
@@ -108,10 +110,13 @@ def scan(spec: TraceStream) -> Scan:
     tally = Tally(keep_problems=False)
     counts = {"reordered": 0, "ids": [], "lines": [], "unit": "line"}
     n = num_in = num_windowed = 0
-    first = None
+    first = first_at = last_at = None
     for part in _shaped(spec, path, fmt, tally, None, counts):
         if first is None:
             first = part["origin"]
+        if len(part["arrival_at"]):
+            first_at = part["arrival_at"][0] if first_at is None else first_at
+            last_at = part["arrival_at"][-1]
         n += len(part["arrival_at"])
         num_in += part["num_in"]
         num_windowed += part["num_windowed"]
@@ -130,7 +135,7 @@ def scan(spec: TraceStream) -> Scan:
                          rate_scale=spec.shape.rate_scale)
     by_key = {norm_column_name(k): k for k in tally.columns}   # every column (JSON: key) seen
     return Scan(n, report, shaped, next((by_key[k] for k in TENANT_COLUMNS if k in by_key),
-                                        None))
+                                        None), float(last_at - first_at) if n else 0.0)
 
 
 def stream_source(spec: TraceStream, chunk_size: int = CHUNK_SIZE,
@@ -281,10 +286,36 @@ def _shown(value, tally: Tally) -> str:
     return f"{float(value):g} {tally.spec.time_unit}"
 
 
+#: bytes sampled from a text trace's start to estimate its rows from its size
+SAMPLE_BYTES = 1 << 20
+
+
+def estimate_rows(path) -> int:
+    """The rows of a trace file, estimated without reading it: a Parquet file's footer, else
+    the file's size over the mean line length of its first ``SAMPLE_BYTES`` (exact for a file
+    that short; a CSV's header line is not a row). Rows, not requests: bad, filtered and
+    windowed rows are only known once the file is read."""
+    path = resolve_trace(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such trace file")
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        sample = f.read(SAMPLE_BYTES)
+    lines = sample.count(b"\n") + (0 if sample.endswith(b"\n") or not sample else 1)
+    header = 0 if sample.lstrip()[:1] == b"{" else 1
+    if len(sample) == size or lines <= header:
+        return max(lines - header, 0)
+    return round(size / (len(sample) / lines)) - header
+
+
 def open_stream(path, format: str | None, skip_bad: bool, num_requests: int | None,
                 duration_s: float | None, shape: ShapeSpec, whole_file: bool,
-                quiet: bool = False, longer_than: int | None = None
-                ) -> tuple[RequestSource, dict] | None:
+                quiet: bool = False, longer_than: int | None = None,
+                mapping: ColumnMapping | None = None) -> tuple[RequestSource, dict] | None:
     """``hawk simulate --trace FILE --stream``: the scanned source and the trace's part of
     the summary (what a loaded trace reports: path, load and shaping reports, requests).
 
@@ -294,7 +325,7 @@ def open_stream(path, format: str | None, skip_bad: bool, num_requests: int | No
     import sys
     from dataclasses import asdict
 
-    spec = TraceStream(Path(path), format, skip_bad, num_requests=num_requests,
+    spec = TraceStream(Path(path), format, skip_bad, mapping, num_requests=num_requests,
                        duration_s=duration_s, shape=shape, whole_file=whole_file)
     try:
         found = scan(spec)
@@ -312,5 +343,6 @@ def open_stream(path, format: str | None, skip_bad: bool, num_requests: int | No
               + f"\n  streamed: read in blocks of {spec.block_rows:,} rows, reordered within "
               f"{spec.reorder_rows:,}", file=sys.stderr)
     info = {"path": str(path), "load": found.report.as_dict(), "shaping": asdict(found.shaped),
-            "num_simulated": found.n, "streamed": True}
+            "num_simulated": found.n, "offered": offered_load(found.n, found.span_s),
+            "streamed": True}
     return stream_source(spec, found=found), info

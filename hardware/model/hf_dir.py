@@ -68,7 +68,7 @@ def build_checkpoint(out: str | Path, config: LlamaConfig | None = None, seed: i
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hardware.model.hf_dir",
+    p = argparse.ArgumentParser(prog="python -m hardware.model.hf_dir", allow_abbrev=False,
                                 description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="directory to write")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")

@@ -58,7 +58,7 @@ class Serving:
     @classmethod
     def of_workers(cls) -> "Serving":
         from hardware.serve import worker
-        p = argparse.ArgumentParser()
+        p = argparse.ArgumentParser(allow_abbrev=False)
         worker.add_arguments(p)
         d = p.parse_args(["--role", "prefill", "--router", "127.0.0.1:1"])
         return cls(d.max_batch_tokens, d.max_batch_size, d.num_blocks, d.max_batch_size,
@@ -226,7 +226,7 @@ def _lengths(text: str) -> dict[int, int]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--serve-kv", action="store_true")
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="cpu")

@@ -18,7 +18,7 @@ import numpy as np
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--num-requests", type=int, default=50)
     p.add_argument("--mechanism", default="GN-HAWK")
     args = p.parse_args(argv)

@@ -334,7 +334,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hawk real worker", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="hawk real worker", description=__doc__.split("\n")[0],
+                                allow_abbrev=False)
     add_arguments(p)
     args = p.parse_args(argv)
     try:

@@ -27,7 +27,10 @@ import json
 import os
 import socket
 import struct
+import sys
+import tempfile
 import threading
+from contextlib import contextmanager
 
 from hardware.transport.base import (
     Batch, PeerLost, Region, RegistrationError, TransferFailed, TransferTimeout, Transport,
@@ -36,6 +39,11 @@ from hardware.transport.base import (
 
 PROTOCOLS = ("tcp", "rdma")
 MAX_BATCH = 1024          # writes per engine batch: 4096 failed with queue-full
+#: what the engine writes to stderr on every start though nothing is wrong: glog's note that
+#: the library never initialised it, and an ERROR line from the P2P handshake's first lookup of
+#: its own segment, which no metadata server holds (seen with mooncake-transfer-engine 0.3.x)
+STARTUP_NOISE = ("Logging before InitGoogleLogging() is written to STDERR",
+                 "] Local segment descriptor not found")
 
 
 def rdma_hcas(topology_json: str) -> list[str]:
@@ -46,6 +54,32 @@ def rdma_hcas(topology_json: str) -> list[str]:
         for group in lists if isinstance(lists, list) else []:
             names.update(group if isinstance(group, list) else [])
     return sorted(names)
+
+
+@contextmanager
+def engine_stderr_filtered(noise=STARTUP_NOISE):
+    """The process's stderr (fd 2, where the engine's glog writes) held in a file while the
+    engine starts, then written back without the lines that contain an entry of ``noise``:
+    any other line, a real error included, still reaches the terminal, just after."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:                         # no stderr at all: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(True)
+                    if not any(n in line for n in noise)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 class MooncakeTransport(Transport):
@@ -68,9 +102,10 @@ class MooncakeTransport(Transport):
         self.protocol = protocol
         self.host = host
         device = listen_device(host)
-        self._engine = TransferEngine()
-        before = set(wildcard_listeners())
-        rc = self._engine.initialize(host, "P2PHANDSHAKE", protocol, device_name)
+        with engine_stderr_filtered():
+            self._engine = TransferEngine()
+            before = set(wildcard_listeners())
+            rc = self._engine.initialize(host, "P2PHANDSHAKE", protocol, device_name)
         if rc != 0:
             raise TransportUnavailable(f"mooncake: initialize({host!r}, P2PHANDSHAKE, "
                                        f"{protocol!r}) returned {rc}")

@@ -153,15 +153,15 @@ def add_max_wall(p: argparse.ArgumentParser) -> None:
 def announce(command: str, num_requests: float, max_wall_s: float | None,
              copies_in_turn: float = 1.0, in_parallel: int = 1,
              peak_bytes: float | None = None, quiet: bool = False,
-             what: str = "the run") -> float:
+             what: str = "the run", extra_s: float = 0.0) -> float:
     """The work's estimated wall seconds (``sim.config.run_size``): ``copies_in_turn`` runs
-    of ``num_requests``, ``in_parallel`` at a time. Refused past ``max_wall_s``
+    of ``num_requests``, ``in_parallel`` at a time, after ``extra_s`` of other work. Refused past ``max_wall_s``
     (``ConfigError`` naming the estimate and ``--max-wall-s``); printed as one line on stderr
     past ``ANNOUNCE_AFTER_S`` unless ``quiet``."""
     from sim.config.run_size import ANNOUNCE_AFTER_S, check_run_time, describe_estimate
 
     wall = check_run_time(num_requests, max_wall_s, what, copies_in_turn,
-                          in_parallel=in_parallel)
+                          in_parallel=in_parallel, extra_s=extra_s)
     if wall > ANNOUNCE_AFTER_S and not quiet:
         print(describe_estimate(command, num_requests * copies_in_turn, wall, peak_bytes),
               file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.commands.args import add_max_wall, add_ray, add_workers, announce, whole_number
+from traces.trace_flags import add_columns_arg
 
 
 def add_parser(sub) -> None:
@@ -18,6 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--candidate", type=Path, required=True,
                    help="B.toml, or a recorded run (directory or records file)")
     p.add_argument("--trace", type=Path, help="a trace file both arms replay")
+    add_columns_arg(p)
     p.add_argument("--workload", choices=sorted(WORKLOADS) + ["bursty"],
                    help="a paper workload, or 'bursty': quiet customers beside a bursting one")
     p.add_argument("--rate", type=float, help="workload rate, req/s (default 0.5)")
@@ -107,7 +109,7 @@ def _compare_simulated(args, cmp):
     if args.trace is not None:
         from traces.loaders import load_trace
 
-        trace, _ = load_trace(args.trace, max_requests=args.num_requests)
+        trace, _ = load_trace(args.trace, mapping=args.columns, max_requests=args.num_requests)
         if args.num_requests is not None:
             trace = trace.head(args.num_requests)
         inputs = cmp.Inputs(trace=trace)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from traces import metrics
 from sim.config import ConfigError, RunConfig
+from traces.trace_flags import add_columns_arg
 from traces.jsonout import dumps, writable_dir
 from sim.commands.args import (add_common, add_max_wall, add_profile, add_ray, add_workers,
                                announce, config_from_args)
@@ -169,6 +170,7 @@ def add_parser(sub) -> None:
                         "memory (percentiles within 1%%); default: only runs over 1,000,000 "
                         "requests stream")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows, reported")
+    add_columns_arg(p)
     p.add_argument("--rate-scale", type=float, metavar="FACTOR",
                    help="replay the trace FACTOR times as fast (2 = twice the request rate)")
     p.add_argument("--window", metavar="START:END",
@@ -297,6 +299,27 @@ def _announce(args, config: RunConfig, trace, streamed: bool, cells: int = 1,
              in_parallel=in_parallel, peak_bytes=peak, quiet=args.json)
 
 
+def _announce_file(args, config: RunConfig, path: Path, num: int | None,
+                   whole_file: bool) -> None:
+    """Before a trace file is read: its rows estimated from its size, read twice (the scan
+    and the run's read) or once (``--no-stream``), and the run; refused past --max-wall-s."""
+    import os
+
+    from sim.config.run_size import SECONDS_PER_TRACE_ROW
+    from traces.trace_stream import estimate_rows
+
+    rows = estimate_rows(path)
+    n = rows if num is None else min(rows, num)
+    reads = 1 if args.stream is False else 2
+    read_s = reads * (rows if whole_file else n) * SECONDS_PER_TRACE_ROW
+    cells = config.cells.count
+    what = (f"hawk simulate --trace {path.name} (about {rows:,} rows by its size, read "
+            f"{'once' if reads == 1 else 'twice'})")
+    announce(what, n / cells, args.max_wall_s, copies_in_turn=cells, quiet=args.json,
+             in_parallel=min(cells, args.workers or os.cpu_count() or 1), what=what,
+             extra_s=read_s)
+
+
 def _stream_for(args, config: RunConfig, trace):
     """How ``simulate`` streams (``sim.engine.stream``): records into ``--out``/records.parquet as a
     dataset; None for the in-memory path. ``--stream``/``--no-stream`` decide, else size."""
@@ -328,7 +351,7 @@ def _trace_for(args, config: RunConfig):
         return None, None
     from dataclasses import asdict
 
-    from traces.shaping import ShapeSpec, parse_window, shape
+    from traces.shaping import ShapeSpec, offered_load, parse_window, shape
 
     if args.rate is not None:
         raise ConfigError(f"--rate sets a Poisson arrival rate, but the arrivals come from the "
@@ -342,16 +365,19 @@ def _trace_for(args, config: RunConfig):
     start, end = parse_window(args.window)
     spec = ShapeSpec(start_s=start, end_s=end,
                      rate_scale=1.0 if args.rate_scale is None else args.rate_scale)
+    _announce_file(args, config, path, num, whole_file=args.window is not None)
     if args.stream is not False:            # read in blocks, never whole (traces.trace_stream)
         from sim.config.run_size import STREAM_MIN_REQUESTS
         from traces.trace_stream import open_stream
 
         streamed = open_stream(path, args.trace_format, args.skip_bad, num, duration, spec,
                                args.window is not None, quiet=args.json,
-                               longer_than=None if args.stream else STREAM_MIN_REQUESTS)
+                               longer_than=None if args.stream else STREAM_MIN_REQUESTS,
+                               mapping=args.columns)
         if streamed is not None:            # else short (or unsorted): loaded whole below
             return streamed
     trace, report = load_trace(path, args.trace_format, skip_bad=args.skip_bad,
+                               mapping=args.columns,
                                max_requests=num if args.window is None else None)
     trace, shaped = shape(trace, spec)
     if num is not None:
@@ -364,11 +390,5 @@ def _trace_for(args, config: RunConfig):
     if not args.json:
         print(report.describe() + "\n  shaping: " + shaped.describe(), file=sys.stderr)
     return trace, {"path": str(path), "load": report.as_dict(), "shaping": asdict(shaped),
-                   "num_simulated": len(trace), "offered": offered_load(trace.arrival_at)}
-
-
-def offered_load(arrival_at) -> dict:
-    """Requests, the span of their arrivals (first to last) and the offered rate over it."""
-    n = len(arrival_at)
-    span = float(arrival_at[-1] - arrival_at[0]) if n else 0.0
-    return {"num_requests": n, "span_s": span, "rate": (n - 1) / span if span > 0 else math.nan}
+                   "num_simulated": len(trace), "offered": offered_load(
+                       len(trace), float(trace.arrival_at[-1] - trace.arrival_at[0]))}

@@ -40,6 +40,10 @@ STREAM_MIN_REQUESTS = 1_000_000
 #: an overloaded run (preemption, long queues) takes longer still.
 SECONDS_PER_REQUEST = 55e-6
 START_UP_S = 0.5
+#: wall time to read and check one row of a trace file (``traces.trace_stream``), measured on
+#: 2 cores at load average 1.4: the scan of a 300,000-row CSV (6.6 MB) took 8.8 us a row and
+#: the run's second read 6.5 us; budgeted at 9 us a row a read
+SECONDS_PER_TRACE_ROW = 9e-6
 #: past this estimate a command announces its run (requests, time, memory) on stderr
 ANNOUNCE_AFTER_S = 5.0
 #: past this estimate a command refuses, unless its --max-wall-s allows it
@@ -70,11 +74,12 @@ def describe_estimate(what: str, num_requests: float, wall_s: float,
 
 def check_run_time(num_requests: float, max_wall_s: float | None, what: str = "the run",
                    copies_in_turn: float = 1.0, flag: str = "--max-wall-s",
-                   in_parallel: int = 1) -> float:
+                   in_parallel: int = 1, extra_s: float = 0.0) -> float:
     """The run's estimated wall seconds; ``ConfigError`` naming the estimate and ``flag``
     when it exceeds ``max_wall_s`` (None: no limit). ``copies_in_turn`` runs of
-    ``num_requests`` (a sweep's points), ``in_parallel`` of them at a time (its workers)."""
-    wall = estimated_wall_s(num_requests, copies_in_turn / max(in_parallel, 1))
+    ``num_requests`` (a sweep's points), ``in_parallel`` of them at a time (its workers),
+    after ``extra_s`` of other work (reading a trace file)."""
+    wall = estimated_wall_s(num_requests, copies_in_turn / max(in_parallel, 1)) + extra_s
     if max_wall_s is not None and wall > max_wall_s:
         at_once = f", {in_parallel} at a time" if in_parallel > 1 else ""
         raise ConfigError(

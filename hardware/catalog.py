@@ -256,6 +256,12 @@ class ModelSpec:
         of its share of the KV heads."""
         return self.is_mla
 
+    def kv_block_bytes(self, kv_dtype: str, block_size: int, tp: int) -> float:
+        """Bytes of one KV block of ``block_size`` tokens over all ``tp`` devices of an
+        instance (MLA: each holds the whole latent)."""
+        return self.kv_bytes_per_token(kv_dtype) * block_size * (
+            tp if self.kv_replicated else 1)
+
     @property
     def kv_tensors_per_layer(self) -> int:
         """KV cache tensors per layer: K and V, or MLA's one latent."""

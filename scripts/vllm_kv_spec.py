@@ -3,12 +3,13 @@
 Run with a python that imports vLLM (``HAWK_VLLM_PYTHON``; tests/test_model_config.py calls
 it): reads a JSON list of cases on stdin, each ``{"config": {...}, "tp": N, "block_size": B,
 "memory_bytes": M}``, and prints a JSON list, per case: vLLM's layer count, KV heads per rank,
-head size and whether it uses MLA (``vllm.config.ModelConfig``), the page size of one
-layer's block (``vllm.v1.kv_cache_interface`` specs: ``MLAAttentionSpec`` for MLA,
-``SlidingWindowSpec`` where the config gives every layer a window, else
-``FullAttentionSpec``), and the number of KV blocks vLLM's engine would give M bytes per
-rank (``vllm.v1.core.kv_cache_utils.get_kv_cache_configs``). The layer specs are built here
-from ModelConfig's answers, as the model runner builds them from its attention layers.
+head size, sliding window and whether it uses MLA (``vllm.config.ModelConfig``), the page size
+of one layer's block (``vllm.v1.kv_cache_interface`` specs: ``MLAAttentionSpec`` for MLA,
+``SlidingWindowSpec`` on every layer where ModelConfig reads a sliding window, else
+``FullAttentionSpec``), and the number of KV blocks vLLM's engine would give M bytes per rank
+(``vllm.v1.core.kv_cache_utils.get_kv_cache_configs``). The layer specs are built here from
+ModelConfig's answers, as the model runner builds them from its attention layers (so a model
+mixing sliding and full layers is out of its reach).
 """
 
 import json
@@ -35,7 +36,7 @@ def main() -> int:
             cc.kv_cache_layout = "LBHNC"      # any layout: it changes no byte count
             vc = VllmConfig(model_config=mc, parallel_config=pc, cache_config=cc)
             layers, heads = mc.get_num_layers(pc), mc.get_num_kv_heads(pc)
-            size, bs, window = mc.get_head_size(), case["block_size"], case.get("window")
+            size, bs, window = mc.get_head_size(), case["block_size"], mc.get_sliding_window()
             if mc.use_mla:
                 spec = MLAAttentionSpec(block_size=bs, num_kv_heads=1, head_size=size,
                                         dtype=torch.bfloat16)
@@ -49,6 +50,7 @@ def main() -> int:
             config = get_kv_cache_configs(vc, [specs], [case["memory_bytes"]])[0]
             out.append({"num_layers": layers, "num_kv_heads": heads, "head_size": size,
                         "use_mla": bool(mc.use_mla), "page_size_bytes": spec.page_size_bytes,
+                        "sliding_window": getattr(spec, "sliding_window", None),
                         "num_blocks": config.num_blocks})
     print(json.dumps(out))
     return 0

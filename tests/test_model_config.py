@@ -254,12 +254,21 @@ LLAMA_8B_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                    "vocab_size": 128256, "max_position_embeddings": 131072}
 
 
+#: https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json: a 4096-token window
+#: on every layer
+MISTRAL_7B_CONFIG = {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                     "max_position_embeddings": 32768, "sliding_window": 4096}
+
+
 def _vllm_cases() -> list[tuple[str, dict, int]]:
     table = tomllib.loads((ROOT / "hardware" / "catalog" / "models.toml").read_text())
     cases = [("llama-3.1-8b", LLAMA_8B_CONFIG, 1), ("llama-3.1-8b", LLAMA_8B_CONFIG, 2)]
     cases += [(key, table[key]["config"], 1)
               for key in ("qwen3-32b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")]
-    return cases + [("deepseek-v3", table["deepseek-v3"]["config"], 2)]
+    return cases + [("deepseek-v3", table["deepseek-v3"]["config"], 2),
+                    ("mistral-7b-v0.1", MISTRAL_7B_CONFIG, 1)]
 
 
 def test_kv_bytes_and_blocks_match_vllms_own_computation():
@@ -276,7 +285,27 @@ def test_kv_bytes_and_blocks_match_vllms_own_computation():
         per_device = m.kv_block_bytes("bfloat16", block, tp) / tp
         assert got["page_size_bytes"] * got["num_layers"] == per_device, (key, tp, got)
         assert got["use_mla"] == m.is_mla
+        assert got["sliding_window"] == (m.sliding_window or None)
         assert got["num_blocks"] == int(memory * tp // m.kv_block_bytes("bfloat16", block, tp))
         print(f"{key} tp={tp}: vLLM {got['num_layers']} layers x {got['page_size_bytes']} B "
               f"per block, {got['num_blocks']} blocks in {memory / 2**30:.0f} GiB; "
               f"hawk {per_device / block:.0f} B/token")
+
+
+@pytest.mark.parametrize("key", sorted(KV_BY_HAND))
+def test_hawk_plan_takes_every_catalog_model(key):
+    from sim.commands import plan
+    from sim.commands.main import build_parser
+
+    args = build_parser(load={"plan"}).parse_args(
+        ["plan", "--model", key, "--rate", "1", "--decode-devices", "p150a,h200"])
+    base = plan._base_config(args)
+    assert base.cluster.model == key
+    refused = bool(catalog.model(key).npu_refusal)
+    assert base.cluster.decode.device == ("h200" if refused else "p150a")
+
+
+def test_hawk_plan_of_a_model_the_npu_cannot_run_needs_a_gpu_decode_side(capsys):
+    assert main(["plan", "--model", "deepseek-v3", "--rate", "1", "--decode-devices",
+                 "p150a"]) == 2
+    assert "multi-host Wormhole Galaxy" in capsys.readouterr().err

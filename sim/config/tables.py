@@ -278,7 +278,10 @@ class ClusterConfig:
         for inst in (self.prefill, self.decode, self.aggregated):
             if inst is not None:
                 _check_heads(spec, inst)
-                _check_npu(spec, inst)
+        serving = (self.aggregated,) if self.kind == "aggregated" else (
+            self.prefill, self.decode, self.aggregated)
+        for inst in (i for i in serving if i is not None):
+            _check_npu(spec, inst)
         if self.kind != "aggregated":
             _check_same_kv_dtype(self)
 

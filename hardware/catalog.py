@@ -282,6 +282,12 @@ class ModelSpec:
             return 2.0 * self.num_layers * self.num_heads * (qk + self.v_head_dim)
         return 4.0 * self.num_layers * self.num_heads * self.head_dim
 
+    @property
+    def mlp_flops_per_token(self) -> float:
+        """FLOPs of one token's MLPs over all layers: 2 per active parameter (its routed
+        experts, the shared ones and the router in a MoE layer)."""
+        return 2.0 * self.active_mlp_params
+
     def kv_bytes_per_token(self, kv_dtype: str) -> float:
         """K and V of one token over all layers and KV heads (MLA: the latent of each layer).
         Sliding-window layers hold every token here, as they do until a sequence outgrows the
@@ -375,8 +381,11 @@ def model(key: str) -> ModelSpec:
 
 
 def is_config_path(key: str) -> bool:
-    """Whether a model name is a path to a ``config.json`` rather than a catalog name."""
-    return key.endswith(".json") or "/" in key or "\\" in key
+    """Whether a model name is a path to a ``config.json`` (or to its directory) rather than a
+    catalog name."""
+    import os
+
+    return key.endswith(".json") or "/" in key or os.sep in key or os.path.isdir(key)
 
 
 @lru_cache(maxsize=64)

@@ -309,3 +309,43 @@ def test_hawk_plan_of_a_model_the_npu_cannot_run_needs_a_gpu_decode_side(capsys)
     assert main(["plan", "--model", "deepseek-v3", "--rate", "1", "--decode-devices",
                  "p150a"]) == 2
     assert "multi-host Wormhole Galaxy" in capsys.readouterr().err
+
+
+def test_tied_embeddings_count_once_and_the_lm_head_reads_them():
+    # Qwen3-0.6B (https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json); model card:
+    # 0.6B parameters, 0.44B without embeddings
+    config = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "head_dim": 128,
+              "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+              "tie_word_embeddings": True, "use_sliding_window": False}
+    m = model_from_hf(config, "qwen3-0.6b", "Qwen3 0.6B", "config.json")
+    assert m.num_params - m.embedding_params == pytest.approx(0.44e9, rel=0.02)
+    assert m.num_params == pytest.approx(0.6e9, rel=0.02)
+    assert m.weight_bytes_read_per_step("bfloat16") == m.weight_bytes("bfloat16") \
+        == 2 * m.num_params
+
+
+def test_flops_per_token_split_into_attention_and_active_mlp():
+    m = catalog.model("mixtral-8x7b")
+    per_layer_expert = 3 * 4096 * 14336
+    assert m.mlp_flops_per_token == 2.0 * 32 * (2 * per_layer_expert + 4096 * 8)
+    assert m.attention_flops_per_context_token == 4.0 * 32 * 32 * 128
+    d = catalog.model("deepseek-v3")                 # 128 heads of qk 192, v 128
+    assert d.attention_flops_per_context_token == 2.0 * 61 * 128 * (192 + 128)
+
+
+def test_each_tp_device_reads_the_whole_mla_latent_per_token_of_context():
+    eff = load_profile("paper")["h200"]
+    bw = catalog.device("h200").memory_bandwidth_gb_s * 1e9 * (
+        eff.decode_attention_efficiency or eff.decode_memory_efficiency)
+    for key, per_device in (("deepseek-v3", 1), ("llama-3.1-70b", 8)):
+        m = catalog.model(key)
+        pred = RooflinePredictor(m, catalog.device("h200"), 8, eff)
+        slope = pred.decode_step_time(1, 2000) - pred.decode_step_time(1, 1000)
+        assert slope == pytest.approx(1000 * m.kv_bytes_per_token("bfloat16") / per_device / bw,
+                                      rel=1e-9)
+
+
+def test_a_directory_holding_config_json_is_a_model(tmp_path):
+    (tmp_path / "config.json").write_text(MIXTRAL_JSON.read_text())
+    assert catalog.model(str(tmp_path)).num_experts == 8

@@ -95,7 +95,12 @@ def read_config_json(path: str | Path) -> tuple[dict, str, str]:
 
 def spec_fields(config: dict, name: str, where: str) -> dict:
     """``ModelSpec`` fields of a ``config.json`` dict (all but key, name, source), with
-    ``npu_refusal`` from its architecture."""
+    ``npu_refusal`` from its architecture. A multimodal config's language model is its
+    ``text_config``."""
+    text = config.get("text_config") if isinstance(config, dict) else None
+    if isinstance(text, dict) and "hidden_size" not in config:
+        config = {"architectures": config.get("architectures"), **text}
+        where = f"{where} text_config"
     r = _Reader(config, where)
     hidden, heads = r.int("hidden_size"), r.int("num_attention_heads")
     layers = r.int("num_hidden_layers")
@@ -141,7 +146,7 @@ def _experts(r: _Reader, layers: int) -> dict:
     """The mixture-of-experts fields of a config (none for a dense model)."""
     field = next((f for f in ("num_local_experts", "n_routed_experts", "num_experts")
                   if r.config.get(f) is not None), None)
-    if field is None or r.int(field) == 1:
+    if field is None or r.int(field, least=0) <= 1:
         return {}
     experts, per_token = r.int(field), r.int("num_experts_per_tok")
     if per_token > experts:

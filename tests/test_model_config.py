@@ -349,3 +349,18 @@ def test_each_tp_device_reads_the_whole_mla_latent_per_token_of_context():
 def test_a_directory_holding_config_json_is_a_model(tmp_path):
     (tmp_path / "config.json").write_text(MIXTRAL_JSON.read_text())
     assert catalog.model(str(tmp_path)).num_experts == 8
+
+
+def test_a_multimodal_configs_language_model_is_its_text_config():
+    nested = {"architectures": ["MistralForCausalLM"], "text_config": BASE,
+              "vision_config": {"hidden_size": 8}}
+    m = model_from_hf(nested, "t", "t", "t.json")
+    assert (m.num_layers, m.hidden_size) == (4, 64)
+    with pytest.raises(ValueError, match="t.json text_config: missing field 'vocab_size'"):
+        model_from_hf({"text_config": {k: v for k, v in BASE.items() if k != "vocab_size"}},
+                      "t", "t", "t.json")
+
+
+def test_a_config_with_zero_or_one_expert_is_dense():
+    for experts in (0, 1):
+        assert model_from_hf({**BASE, "num_experts": experts}, "t", "t", "t.json").num_experts == 0

@@ -267,6 +267,7 @@ def _vllm_cases() -> list[tuple[str, dict, int]]:
     cases = [("llama-3.1-8b", LLAMA_8B_CONFIG, 1), ("llama-3.1-8b", LLAMA_8B_CONFIG, 2)]
     cases += [(key, table[key]["config"], 1)
               for key in ("qwen3-32b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")]
+    cases += [("llama-3.1-405b", table["llama-3.1-405b"]["config"], 8)]
     return cases + [("deepseek-v3", table["deepseek-v3"]["config"], 2),
                     ("mistral-7b-v0.1", MISTRAL_7B_CONFIG, 1)]
 

@@ -137,7 +137,7 @@ def test_mla_latent_is_held_whole_by_every_tp_device():
     assert mla.kv_block_bytes("bfloat16", 16, 8) == 8 * mla.kv_block_bytes("bfloat16", 16, 1)
     assert gqa.kv_block_bytes("bfloat16", 16, 8) == gqa.kv_block_bytes("bfloat16", 16, 1)
     facts = InstanceFacts(catalog.device("h200"), 8, "bfloat16", 16)
-    counts = plan_counts(MECHANISMS["GN-Direct"], mla, facts, facts, 100)
+    counts = plan_counts(MECHANISMS["GG-Direct"], mla, facts, facts, 100)
     assert counts.token_bytes == 61 * 100 * 576 * 2                 # the whole latent, per device
 
 
@@ -208,7 +208,7 @@ def test_a_model_the_tt_stack_does_not_run_is_refused_on_an_npu_with_the_reason(
     assert "cluster.decode.device = 'p150a'" in str(exc.value) and reason in str(exc.value)
     gpus = RunConfig().replace(**{"cluster.model": key, "cluster.decode.device": "h200",
                                   "cluster.decode.tp": tp, "cluster.prefill.device": "h200",
-                                  "cluster.prefill.tp": tp, "cluster.link.mechanism": "GN-Direct"})
+                                  "cluster.prefill.tp": tp, "cluster.link.mechanism": "GG-Direct"})
     assert gpus.cluster.model == key                            # GPUs serve it
 
 

@@ -176,7 +176,7 @@ def _base_config(args):
         if not gpus:
             raise ConfigError(f"--model {args.model}: {refusal}; pass --decode-devices with "
                               f"a GPU to plan it")
-        changes.update({"cluster.decode.device": gpus[0], "cluster.link.mechanism": "GN-Direct"})
+        changes.update({"cluster.decode.device": gpus[0], "cluster.link.mechanism": "GG-Direct"})
     return config.replace(**changes)
 
 

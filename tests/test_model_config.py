@@ -307,9 +307,16 @@ def test_hawk_plan_takes_every_catalog_model(key):
 
 
 def test_hawk_plan_of_a_model_the_npu_cannot_run_needs_a_gpu_decode_side(capsys):
+    from sim.commands import plan
+    from sim.commands.main import build_parser
+
     assert main(["plan", "--model", "deepseek-v3", "--rate", "1", "--decode-devices",
                  "p150a"]) == 2
     assert "multi-host Wormhole Galaxy" in capsys.readouterr().err
+    args = build_parser(load={"plan"}).parse_args(["plan", "--model", "deepseek-v3",
+                                                  "--rate", "1"])
+    base = plan._base_config(args)                 # no --decode-devices: the prefill GPU
+    assert base.cluster.decode.device == base.cluster.prefill.device == "a100-pcie"
 
 
 def test_tied_embeddings_count_once_and_the_lm_head_reads_them():

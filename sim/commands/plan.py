@@ -156,7 +156,8 @@ def _space(args):
 def _base_config(args):
     """The run configuration the candidates vary. A ``--model`` the TT stack does not run
     (``ModelSpec.npu_refusal``) cannot keep an NPU decode side: the base then decodes on the
-    first GPU of ``--decode-devices``, and the NPU candidates are pruned as invalid."""
+    first GPU of ``--decode-devices`` (none given: the prefill device), and the NPU candidates
+    are pruned as invalid."""
     import argparse
 
     from hardware import catalog
@@ -171,12 +172,13 @@ def _base_config(args):
     config = config_from_args(argparse.Namespace(**{**vars(args), "model": None}))
     changes = {"cluster.model": args.model}
     if refusal and catalog.device(config.cluster.decode.device).kind == "npu":
-        gpus = [d for d in _names(args.decode_devices) or ()
+        gpus = [d for d in _names(args.decode_devices) or (config.cluster.prefill.device,)
                 if catalog.device(d).kind == "gpu"]
         if not gpus:
             raise ConfigError(f"--model {args.model}: {refusal}; pass --decode-devices with "
                               f"a GPU to plan it")
-        changes.update({"cluster.decode.device": gpus[0], "cluster.link.mechanism": "GG-Direct"})
+        changes.update({"cluster.decode.device": gpus[0], "cluster.link.mechanism": "GG-Direct",
+                        "cluster.decode.kv_dtype": config.cluster.prefill.kv_dtype})
     return config.replace(**changes)
 
 

@@ -1,5 +1,5 @@
 """Models from a Hugging Face config.json (``hardware.model_config``): parameter counts against
-the published ones, KV bytes per token by hand for each attention kind, MoE weights read per
+the published ones and transformers' own models, KV bytes per token by hand for each attention kind, MoE weights read per
 decode step, sliding windows, bad files named in one line, the NPU refusal, ``--model`` on the
 command line, and (where ``HAWK_VLLM_PYTHON`` names a python with vLLM) KV sizes against
 vLLM's own."""
@@ -44,6 +44,23 @@ def test_parameter_counts_match_the_published_ones_within_2_percent(key, total, 
     m = catalog.model(key)
     assert m.num_params == pytest.approx(total, rel=0.02), source
     assert m.num_active_params == pytest.approx(active, rel=0.02), source
+
+
+@pytest.mark.parametrize("key", ["llama-3.1-405b", "qwen3-32b", "mixtral-8x7b",
+                                 "qwen3-30b-a3b", "deepseek-v3"])
+def test_parameter_counts_match_transformers_models_built_from_the_same_config(key):
+    """transformers builds each model on the meta device (no memory) from the catalog's
+    config values: its exact count, norms included, within 1e-4 (the norms left out here)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    table = tomllib.loads((ROOT / "hardware" / "catalog" / "models.toml").read_text())
+    values = {k: v for k, v in table[key]["config"].items() if k != "architectures"}
+    config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    exact = sum(p.numel() for p in model.parameters())
+    assert catalog.model(key).num_params == pytest.approx(exact, rel=1e-4)
+    assert catalog.model(key).num_params <= exact
 
 
 #: bf16 KV bytes per token by hand: 2 (K, V) x layers x KV heads x head_dim x 2 B; MLA: layers

@@ -1,8 +1,8 @@
 """Models from a Hugging Face config.json (``hardware.model_config``): parameter counts against
-the published ones and transformers' own models, KV bytes per token by hand for each attention kind, MoE weights read per
-decode step, sliding windows, bad files named in one line, the NPU refusal, ``--model`` on the
-command line, and (where ``HAWK_VLLM_PYTHON`` names a python with vLLM) KV sizes against
-vLLM's own."""
+the published ones and transformers' own models, KV bytes per token by hand for each attention
+kind, MoE weights read per decode step, sliding windows, bad files named in one line, the NPU
+refusal, ``--model`` on the command line, and (where ``HAWK_VLLM_PYTHON`` names a python with
+vLLM) KV sizes against vLLM's own."""
 
 from __future__ import annotations
 

@@ -32,6 +32,8 @@ def config_from_args(args) -> RunConfig:
         changes["workload.duration_s"] = args.duration
         if getattr(args, "num_requests", None) is None:
             changes["workload.num_requests"] = None
+    if getattr(args, "model", None) is not None:
+        changes["cluster.model"] = args.model
     if getattr(args, "mechanism", None) is not None:
         changes["cluster.link.mechanism"] = args.mechanism
     if getattr(args, "oracle", False):
@@ -73,6 +75,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=sorted(WORKLOADS),
                    help="workload (default chatbot; chatbot and summarization are the paper's, "
                         "code the Azure 2023 code trace's lengths)")
+    p.add_argument("--model", metavar="NAME|CONFIG.json",
+                   help="a catalog model (hardware/catalog/models.toml) or a Hugging Face "
+                   "config.json (default: the config's, llama-3.1-70b)")
     p.add_argument("--num-requests", type=int, help="requests to simulate (default 2000)")
     p.add_argument("--duration", type=float, help="seconds of arrivals instead of a count")
     p.add_argument("--seed", type=int, help="random seed (default 0)")

@@ -71,7 +71,7 @@ def run(args) -> int:
                           "for the map over --rates and --workloads")
     if not args.rate > 0:
         raise ConfigError(f"--rate must be > 0 req/s, got {args.rate}")
-    config = config_from_args(args)
+    config = _base_config(args)
     if args.plot is not None:
         writable_file(args.plot, "--plot")
     space = _space(args)
@@ -111,7 +111,7 @@ def _run_map(args) -> int:
                           " to set one pair for every workload")
     if args.ttft_slo is not None:
         slo = (args.ttft_slo, args.tpot_slo)
-    config, space = config_from_args(args), pm.map_space(_space(args))
+    config, space = _base_config(args), pm.map_space(_space(args))
     _announce_map(args, config, space, len(rates) * len(workloads), max(rates))
     rows = pm.paymap(config, workloads, rates, args.target, space, load_costs(args.catalog),
                      slo, args.workers, progress=not args.json, ray_address=args.ray)
@@ -151,6 +151,35 @@ def _space(args):
                      deployments=_names(args.deployments, pl.DEPLOYMENTS, "--deployments"),
                      max_instances=args.max_instances, max_candidates=args.max_candidates,
                      max_knees=args.max_knees)
+
+
+def _base_config(args):
+    """The run configuration the candidates vary. A ``--model`` the TT stack does not run
+    (``ModelSpec.npu_refusal``) cannot keep an NPU decode side: the base then decodes on the
+    first GPU of ``--decode-devices`` (none given: the prefill device), and the NPU candidates
+    are pruned as invalid."""
+    import argparse
+
+    from hardware import catalog
+    from sim.config import ConfigError
+
+    if args.model is None:
+        return config_from_args(args)
+    try:
+        refusal = catalog.model(args.model).npu_refusal
+    except ValueError as exc:
+        raise ConfigError(f"--model: {exc}") from None
+    config = config_from_args(argparse.Namespace(**{**vars(args), "model": None}))
+    changes = {"cluster.model": args.model}
+    if refusal and catalog.device(config.cluster.decode.device).kind == "npu":
+        gpus = [d for d in _names(args.decode_devices) or (config.cluster.prefill.device,)
+                if catalog.device(d).kind == "gpu"]
+        if not gpus:
+            raise ConfigError(f"--model {args.model}: {refusal}; pass --decode-devices with "
+                              f"a GPU to plan it")
+        changes.update({"cluster.decode.device": gpus[0], "cluster.link.mechanism": "GG-Direct",
+                        "cluster.decode.kv_dtype": config.cluster.prefill.kv_dtype})
+    return config.replace(**changes)
 
 
 def _announce(args, config) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from hardware.catalog import DTYPE_BYTES, WEIGHT_FORMATS, devices, models
+from hardware.catalog import DTYPE_BYTES, WEIGHT_FORMATS, devices
 from sim.config.checks import ConfigError, _check_bool, _check_choice, _check_range, _check_str
 
 #: where a resolved value came from ("profile": a measured profile directory's [serving],
@@ -274,10 +274,14 @@ class ClusterConfig:
         _check_bool("cluster", "fast_forward", self.fast_forward)
         if _check_measured_model(self):
             return                      # the measured profile's own model and workers
-        _check_choice("cluster", "model", self.model, models())
+        spec = _check_model(self)
         for inst in (self.prefill, self.decode, self.aggregated):
             if inst is not None:
-                _check_heads(models()[self.model], inst)
+                _check_heads(spec, inst)
+        serving = (self.aggregated,) if self.kind == "aggregated" else (
+            self.prefill, self.decode, self.aggregated)
+        for inst in (i for i in serving if i is not None):
+            _check_npu(spec, inst)
         if self.kind != "aggregated":
             _check_same_kv_dtype(self)
 
@@ -335,6 +339,26 @@ def _check_same_kv_dtype(cluster: "ClusterConfig") -> None:
 def _origin(inst: InstanceConfig, name: str) -> str:
     return {"user": "set by the config", "device": f"{inst.device}'s default",
             "scenario": "the scenario's default"}[inst.sources[name]]
+
+
+def _check_model(cluster: "ClusterConfig"):
+    """The ``ModelSpec`` ``cluster.model`` names: a catalog name or a config.json path."""
+    from hardware.catalog import model, models
+
+    if not isinstance(cluster.model, str) or not cluster.model:
+        raise ConfigError(f"cluster.model must be one of {sorted(models())} or a Hugging Face "
+                          f"config.json path, got {cluster.model!r}")
+    try:
+        return model(cluster.model)
+    except ValueError as exc:
+        raise ConfigError(f"cluster.model = {cluster.model!r}: {exc}") from None
+
+
+def _check_npu(model, inst: InstanceConfig) -> None:
+    """An instance on a Tenstorrent NPU needs a model the TT stack runs."""
+    if model.npu_refusal and devices()[inst.device].kind == "npu":
+        raise ConfigError(f"cluster.{inst.role}.device = {inst.device!r}: {model.name} cannot "
+                          f"run on a Tenstorrent NPU: {model.npu_refusal}")
 
 
 def _check_heads(model, inst: InstanceConfig) -> None:

@@ -70,7 +70,7 @@ def kv_capacity_blocks(config: RunConfig, inst: InstanceConfig) -> int:
     free = usable - weights
     if inst.kv_cache_gb:                # None or 0: no cap
         free = min(free, inst.kv_cache_gb * 1e9)
-    block_bytes = model.kv_bytes_per_token(inst.kv_dtype) * inst.block_size
+    block_bytes = model.kv_block_bytes(inst.kv_dtype, inst.block_size, inst.tp)
     blocks = int(free // block_bytes)
     if inst.max_num_blocks and inst.max_num_blocks > blocks:   # None or 0: memory decides
         raise ConfigError(f"cluster.{inst.role}.max_num_blocks = {inst.max_num_blocks}, but only "

@@ -168,9 +168,12 @@ class RooflinePredictor(Predictor):
         peak = device.peak_tflops * 1e12 * tp
         bandwidth = device.memory_bandwidth_gb_s * 1e9 * tp
         m = model
-        attn_flops_per_ctx = 4.0 * m.num_layers * m.num_heads * m.head_dim   # QK^T and AV
+        attn_flops_per_ctx = m.attention_flops_per_context_token          # QK^T and AV
         self._weights = m.weight_bytes_read_per_step(weight_format)
-        self._kv_per_token = m.kv_bytes_per_token(kv_dtype)
+        self._weight_format = weight_format
+        # KV bytes one step reads per token of context, over all tp devices (MLA's latent is
+        # read whole by each)
+        self._kv_per_token = m.kv_bytes_per_token(kv_dtype) * (tp if m.kv_replicated else 1)
         self._lm_head_flops = 2.0 * m.embedding_params
         self._body_flops_per_token = 2.0 * (m.linear_params - m.embedding_params)
         self._attn_flops_per_ctx = attn_flops_per_ctx
@@ -191,6 +194,14 @@ class RooflinePredictor(Predictor):
         # allreduce_time's factors, each the same float its expression starts with
         self._ring_share = 2.0 * (tp - 1) / tp
         self._num_allreduces = 2 * model.num_layers
+
+    def decode_weight_bytes(self, batch: int) -> float:
+        """Weight bytes one decode step of ``batch`` sequences reads: all of them for a dense
+        model; a MoE model's experts as its tokens route, expected under uniform routing
+        (``ModelSpec.weight_bytes_read_per_step``). A prefill batch reads every expert."""
+        if not self.model.num_experts:
+            return self._weights
+        return self.model.weight_bytes_read_per_step(self._weight_format, batch)
 
     def allreduce_time(self, tokens: int) -> float:
         """Two ring all-reduces per layer of ``tokens`` x hidden bf16 activations: each moves
@@ -286,7 +297,7 @@ class RooflinePredictor(Predictor):
     def _compute_lines(self, batch: int) -> tuple[float, float, float, float, float]:
         c0 = (self._body_flops_per_token + self._lm_head_flops) * batch / self._decode_flops_rate
         c1 = self._attn_flops_per_ctx / self._decode_flops_rate
-        m0 = self._weights / self._decode_bytes_rate
+        m0 = self.decode_weight_bytes(batch) / self._decode_bytes_rate
         m1 = self._kv_per_token / self._attn_bytes_rate
         const = self.allreduce_time(batch) + self.eff.step_overhead_s
         return const, c0, c1, m0, m1

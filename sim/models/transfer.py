@@ -155,8 +155,8 @@ def plan_counts(mech: Mechanism, model: ModelSpec, prefill: InstanceFacts,
     """
     if num_tokens <= 0:
         raise ValueError(f"num_tokens {num_tokens} must be > 0")
-    heads = _heads_per_device(model.num_kv_heads, decode.tp)
-    tensors, d = 2 * model.num_layers, model.head_dim
+    heads = 1 if model.kv_replicated else _heads_per_device(model.num_kv_heads, decode.tp)
+    tensors, d = model.kv_tensors_per_layer * model.num_layers, model.kv_head_size
     elem = dtype_bytes(prefill.kv_dtype)
     gpu_blocks = blocks_for(num_tokens, prefill.block_size)
     gpu_block_bytes = int(prefill.block_size * heads * d * elem)

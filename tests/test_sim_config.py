@@ -13,7 +13,7 @@ from sim.config import ConfigError, RunConfig, from_dict, load_config
     ({"cluster.decode.kv_dtype": "int3"}, r"cluster\.decode\.kv_dtype must be one of"),
     ({"cluster.link.bandwidth_gb_s": 0.0}, r"link\.bandwidth_gb_s must be a number in \[0\.001"),
     ({"workload.rate": -1.0}, r"workload\.rate must be a number in"),
-    ({"workload.name": "chat"}, r"workload\.name must be one of \['chatbot', 'summarization'\]"),
+    ({"workload.name": "chat"}, r"workload\.name must be one of \['chatbot', 'code', 'summarization'\], got 'chat'"),
     ({"slo.ttft_s": float("nan")}, r"slo\.ttft_s must be a number"),
     ({"cluster.prefill.memory_utilization": 1.5}, r"memory_utilization must be a number in \[0\.05, 1\.0\]"),
     ({"cluster.routing": "random"}, r"cluster\.routing: routing policy 'random' is not one of \[.*'round_robin'\]"),

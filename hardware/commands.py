@@ -91,6 +91,34 @@ def cmd_transfer_bench(args) -> int:
     return 0
 
 
+#: flags of one shape only, with their defaults (None in the parser, so a given one is seen)
+DISAGGREGATED_ONLY = {"--num-prefill": ("num_prefill", 1), "--num-decode": ("num_decode", 1),
+                      "--mechanism": ("mechanism", "GN-HAWK"),
+                      "--kv-dtype": ("kv_dtype", "bfloat8_b"),
+                      "--send-buffer-mb": ("send_buffer_mb", 16.0)}
+AGGREGATED_ONLY = {"--num-aggregated": ("num_aggregated", 1)}
+
+
+def shape_conflict(args) -> str | None:
+    """The first flag given that the chosen ``--shape`` has no use for (a link mechanism, a
+    P/D pool size with ``aggregated``; ``--num-aggregated`` with ``disaggregated``), as a
+    one-line reason; the others' defaults filled in."""
+    aggregated = getattr(args, "shape", "disaggregated") == "aggregated"
+    foreign, own = ((DISAGGREGATED_ONLY, AGGREGATED_ONLY) if aggregated
+                    else (AGGREGATED_ONLY, DISAGGREGATED_ONLY))
+    for flag, (name, _) in foreign.items():
+        if getattr(args, name, None) is not None:
+            why = ("moves no KV: there is no link, send buffer or decode tile format"
+                   if flag in ("--mechanism", "--kv-dtype", "--send-buffer-mb")
+                   else "has no separate prefill and decode pools")
+            return (f"{flag} is for --shape disaggregated; --shape aggregated {why}"
+                    if aggregated else f"{flag} is for --shape aggregated")
+    for name, default in list(own.values()) + list(foreign.values()):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    return None
+
+
 def _cluster_config(args):
     from hardware.serve.cluster import ClusterConfig
     extra = ["--num-tokens", str(args.decode_tokens), "--send-buffer-mb", str(args.send_buffer_mb),
@@ -99,7 +127,14 @@ def _cluster_config(args):
         extra += ["--device", "cpu"]
     return ClusterConfig(num_prefill=args.num_prefill, num_decode=args.num_decode,
                          mechanism=args.mechanism, kv_dtype=args.kv_dtype, host=args.host,
-                         model=args.model, seed=args.seed, worker_args=extra)
+                         model=args.model, seed=args.seed, worker_args=extra,
+                         shape=args.shape, num_aggregated=args.num_aggregated)
+
+
+def _workers_line(args) -> str:
+    if args.shape == "aggregated":
+        return f"{args.num_aggregated} aggregated, no KV transfer"
+    return f"{args.num_prefill} prefill, {args.num_decode} decode, {args.mechanism}"
 
 
 def cmd_serve(args) -> int:
@@ -110,6 +145,10 @@ def cmd_serve(args) -> int:
     from hardware.serve.cluster import ClusterError, LocalCluster
     from hardware.lifecycle import terminate_as_interrupt
 
+    conflict = shape_conflict(args)
+    if conflict:
+        print(f"real serve: {conflict}", file=sys.stderr)
+        return 2
     terminate_as_interrupt()
     cluster = LocalCluster(_cluster_config(args), log_dir=args.logs)
     try:
@@ -120,8 +159,8 @@ def cmd_serve(args) -> int:
     except KeyboardInterrupt:
         return 130
     try:
-        print(f"serving on {cluster.endpoint}/v1/completions ({args.num_prefill} prefill, "
-              f"{args.num_decode} decode, {args.mechanism}); Ctrl-C stops", flush=True)
+        print(f"serving on {cluster.endpoint}/v1/completions ({_workers_line(args)}); "
+              f"Ctrl-C stops", flush=True)
         seen: set[str] = set()
         while cluster.router.poll() is None:
             time.sleep(1.0)
@@ -145,6 +184,10 @@ def cmd_run(args) -> int:
     from traces.commands import slos
     from traces.workloads import make_workload, workload_spec
 
+    conflict = shape_conflict(args)
+    if conflict:
+        print(f"real run: {conflict}", file=sys.stderr)
+        return 2
     try:
         if args.trace:
             from traces.loaders import load_trace
@@ -186,7 +229,7 @@ def cmd_run(args) -> int:
             ("TTFT p50 / p90 (s)", f"{summary['ttft_p50_s']:.3f} / {summary['ttft_p90_s']:.3f}"),
             ("TPOT p50 / p90 (s)", f"{summary['tpot_p50_s']:.4f} / {summary['tpot_p90_s']:.4f}"),
             ("transfer share of TTFT", f"{summary['ttft_transfer_mean_s'] / summary['ttft_mean_s']:.1%}"
-             if summary["ttft_mean_s"] > 0 else "-"),
+             if summary["ttft_mean_s"] > 0 and summary["shape"] != "aggregated" else "-"),
             ("output tokens/s", f"{summary['output_tokens_per_s']:.1f}"),
             ("energy (J)", f"{summary['energy_j']:.1f} ({summary['power_source'].split(';')[0]})"),
             ("length scale", f"{summary['length_scale']:.3f}")]
@@ -225,24 +268,31 @@ def cmd_profile(args) -> int:
 
 def _serving_args(p) -> None:
     from hardware.mechanisms import MECHANISMS
-    p.add_argument("--num-prefill", type=_whole("--num-prefill"), default=1,
+    p.add_argument("--shape", choices=("disaggregated", "aggregated"), default="disaggregated",
+                   help="prefill and decode workers with KV transfer between them (default), "
+                        "or aggregated workers serving both phases of each request")
+    p.add_argument("--num-aggregated", type=_whole("--num-aggregated"),
+                   help="aggregated workers (--shape aggregated; default 1)")
+    p.add_argument("--num-prefill", type=_whole("--num-prefill"),
                    help="prefill workers (default 1)")
-    p.add_argument("--num-decode", type=_whole("--num-decode"), default=1,
+    p.add_argument("--num-decode", type=_whole("--num-decode"),
                    help="decode workers (default 1)")
-    p.add_argument("--mechanism", choices=MECHANISMS, default="GN-HAWK")
-    p.add_argument("--kv-dtype", choices=("bfloat8_b", "bfloat16"), default="bfloat8_b",
-                   help="decode side's NPU tile format (GN mechanisms)")
+    p.add_argument("--mechanism", choices=MECHANISMS, help="KV transfer mechanism (default "
+                                                           "GN-HAWK)")
+    p.add_argument("--kv-dtype", choices=("bfloat8_b", "bfloat16"),
+                   help="decode side's NPU tile format (GN mechanisms; default bfloat8_b)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--model", help="Hugging Face-format directory (default: seeded tiny Llama)")
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--decode-tokens", type=_whole("--decode-tokens"), default=16384,
-                   help="KV capacity of each decode worker, tokens")
-    p.add_argument("--send-buffer-mb", type=float, default=16.0,
-                   help="each prefill worker's send buffer (back-pressure when full)")
+                   help="KV capacity of each decode (or aggregated) worker, tokens")
+    p.add_argument("--send-buffer-mb", type=float,
+                   help="each prefill worker's send buffer (back-pressure when full; default 16)")
     p.add_argument("--max-batch-tokens", type=_whole("--max-batch-tokens"), default=2048,
-                   help="prefill token budget per batch")
+                   help="prefill token budget per batch (aggregated: per step)")
     p.add_argument("--cpu-prefill", dest="cuda_prefill", action="store_false", default=None,
-                   help="run prefill on the CPU even where CUDA is present")
+                   help="run prefill (aggregated: the whole worker) on the CPU even where "
+                        "CUDA is present")
     p.add_argument("--logs", help="directory for the processes' logs")
 
 

@@ -241,16 +241,24 @@ def cmd_run(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    """Measure prefill, decode and the KV path into a profile directory (resumable)."""
-    from hardware.serve import profile
+    """Measure prefill, decode and the KV path (or the aggregated worker's steps) into a
+    profile directory (resumable)."""
+    from hardware.serve import profile, profile_aggregated
     from hardware.transfer_bench import BenchFailed
     from hardware.transport import TransportError
 
+    common = dict(model_dir=args.model, seed=args.seed, quick=args.quick, repeats=args.repeats,
+                  force=args.force, device="cpu" if args.cuda_prefill is False else "auto")
     try:
-        report = profile.run(args.out, model_dir=args.model, seed=args.seed,
-                             device="cpu" if args.cuda_prefill is False else "auto",
-                             quick=args.quick, mechanisms=args.mechanisms, repeats=args.repeats,
-                             force=args.force)
+        if args.shape == "aggregated":
+            if args.mechanisms is not None:
+                print("real profile: --mechanisms is for --shape disaggregated; --shape "
+                      "aggregated moves no KV", file=sys.stderr)
+                return 2
+            report = profile_aggregated.run(args.out, **common)
+        else:
+            report = profile.run(args.out, mechanisms=args.mechanisms or list(MECHANISMS),
+                                 **common)
     except profile.ProfileError as e:
         print(f"real profile: {e}", file=sys.stderr)
         return 2
@@ -326,10 +334,13 @@ def register(subparsers) -> None:
                                           "the workers' code paths into a profile directory")
     p.add_argument("--out", required=True, help="the profile directory (resumed if it holds "
                                                 "one measured with the same settings)")
+    p.add_argument("--shape", choices=("disaggregated", "aggregated"), default="disaggregated",
+                   help="the prefill and decode workers and the KV path (default), or the "
+                        "aggregated worker's steps (prefill, decode and mixed)")
     p.add_argument("--quick", action="store_true", help="a few points per axis and a short serving "
                                                        "session (about a minute on 2 cores)")
-    p.add_argument("--mechanisms", type=_mechanisms, default=list(MECHANISMS),
-                   help=f"comma-separated subset of {', '.join(MECHANISMS)}")
+    p.add_argument("--mechanisms", type=_mechanisms,
+                   help=f"comma-separated subset of {', '.join(MECHANISMS)} (default all)")
     p.add_argument("--repeats", type=_whole("--repeats"),
                    help="measured runs per point after a warm-up (default 15, --quick 3)")
     p.add_argument("--model", help="Hugging Face-format directory (default: the seeded tiny "

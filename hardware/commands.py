@@ -91,34 +91,6 @@ def cmd_transfer_bench(args) -> int:
     return 0
 
 
-#: flags of one shape only, with their defaults (None in the parser, so a given one is seen)
-DISAGGREGATED_ONLY = {"--num-prefill": ("num_prefill", 1), "--num-decode": ("num_decode", 1),
-                      "--mechanism": ("mechanism", "GN-HAWK"),
-                      "--kv-dtype": ("kv_dtype", "bfloat8_b"),
-                      "--send-buffer-mb": ("send_buffer_mb", 16.0)}
-AGGREGATED_ONLY = {"--num-aggregated": ("num_aggregated", 1)}
-
-
-def shape_conflict(args) -> str | None:
-    """The first flag given that the chosen ``--shape`` has no use for (a link mechanism, a
-    P/D pool size with ``aggregated``; ``--num-aggregated`` with ``disaggregated``), as a
-    one-line reason; the others' defaults filled in."""
-    aggregated = getattr(args, "shape", "disaggregated") == "aggregated"
-    foreign, own = ((DISAGGREGATED_ONLY, AGGREGATED_ONLY) if aggregated
-                    else (AGGREGATED_ONLY, DISAGGREGATED_ONLY))
-    for flag, (name, _) in foreign.items():
-        if getattr(args, name, None) is not None:
-            why = ("moves no KV: there is no link, send buffer or decode tile format"
-                   if flag in ("--mechanism", "--kv-dtype", "--send-buffer-mb")
-                   else "has no separate prefill and decode pools")
-            return (f"{flag} is for --shape disaggregated; --shape aggregated {why}"
-                    if aggregated else f"{flag} is for --shape aggregated")
-    for name, default in list(own.values()) + list(foreign.values()):
-        if getattr(args, name, None) is None:
-            setattr(args, name, default)
-    return None
-
-
 def _cluster_config(args):
     from hardware.serve.cluster import ClusterConfig
     extra = ["--num-tokens", str(args.decode_tokens), "--send-buffer-mb", str(args.send_buffer_mb),
@@ -144,6 +116,8 @@ def cmd_serve(args) -> int:
 
     from hardware.serve.cluster import ClusterError, LocalCluster
     from hardware.lifecycle import terminate_as_interrupt
+
+    from hardware.serve.cluster import shape_conflict
 
     conflict = shape_conflict(args)
     if conflict:
@@ -183,6 +157,8 @@ def cmd_run(args) -> int:
     from hardware.serve.run import RealRunConfig, fit_to_context, real_run
     from traces.commands import slos
     from traces.workloads import make_workload, workload_spec
+
+    from hardware.serve.cluster import shape_conflict
 
     conflict = shape_conflict(args)
     if conflict:
@@ -375,13 +351,31 @@ def register(subparsers) -> None:
     _serving_args(p)
     p.set_defaults(func=cmd_run)
 
-    from hardware.serve import router, worker
+    from hardware.serve import aggregated_router, aggregated_worker, router, worker
     p = leaves.add_parser("router", help="the router process alone (token in HAWK_RUN_TOKEN)")
     router.add_arguments(p)
-    p.set_defaults(func=lambda a: router.main(_argv(a)))
-    p = leaves.add_parser("worker", help="a prefill or decode worker process alone")
+    p.add_argument("--shape", choices=("disaggregated", "aggregated"), default="disaggregated",
+                   help="in front of prefill and decode workers (default), or aggregated ones")
+    p.set_defaults(func=lambda a: (aggregated_router if a.shape == "aggregated" else router)
+                   .main(_without(_argv(a), "--shape")))
+    p = leaves.add_parser("worker", help="a prefill, decode or aggregated worker process alone")
     worker.add_arguments(p)
-    p.set_defaults(func=lambda a: worker.main(_argv(a)))
+    p.set_defaults(func=lambda a: (aggregated_worker if a.role == "aggregated" else worker)
+                   .main(_argv(a)))
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` less ``flag VALUE`` and ``flag=VALUE``."""
+    out, skip = [], False
+    for x in argv:
+        if skip or x.startswith(flag + "="):
+            skip = False
+            continue
+        if x == flag:
+            skip = True
+            continue
+        out.append(x)
+    return out
 
 
 def _argv(args) -> list[str]:

@@ -154,7 +154,7 @@ def test_aggregated_profile_is_read_and_simulated_as_an_aggregated_instance(prof
     from sim.models.profile_dir import load_profile_dir, mirror_settings
 
     out, report = profile_dir
-    assert report["num_measured"] == 4 + 4 + 1 and "mixed_step_time" in report["summary"]
+    assert report["num_measured"] == 4 + 4 + 1 and "mixed step, 2 decodes" in report["summary"]
     profile = load_profile_dir(out)
     assert profile.complete and profile.serving["engine"] == "aggregated"
     assert (profile.serving["prefill_max_batch_tokens"], profile.serving["decode_max_batch"],
@@ -187,5 +187,7 @@ def test_validate_starts_aggregated_workers_for_an_aggregated_real_profile(profi
     (load,) = result["loads"]
     real, sim = frames["rate-2"]
     assert result["mechanism"] == "aggregated" and len(real) == len(sim) == 6
+    (point,) = result["mixed_step_vs_table"]["points"]        # mixed.csv's one point, priced
+    assert (point["batch"], point["chunk_tokens"]) == (2, 32) and point["table_s"] > 0
     assert (real["status"] == "ok").all() and real["transfer_start_at"].isna().all()
     assert {row["metric"] for row in load["errors"]} >= {"ttft_p50_s", "tpot_p50_s"}

@@ -1,5 +1,5 @@
-"""An aggregated worker process: ``python -m hardware.serve.worker --role aggregated`` (``hawk
-real worker --role aggregated``): both phases of its requests on one model and one KV cache
+"""An aggregated worker process: ``python -m hardware.serve.aggregated_worker --role aggregated``
+(``hawk real worker --role aggregated``; the other flags are ``hardware.serve.worker``'s): both phases of its requests on one model and one KV cache
 (``aggregated_engine.AggregatedEngine``), no KV transfer.
 
 It joins the router's control port as the other workers do (``worker.RouterLink``) and
@@ -19,6 +19,7 @@ import queue
 import sys
 import time
 
+from hardware.serve import worker
 from traces.schema import Status
 
 #: one row per engine step: decodes and their total and longest context, prompt chunks and
@@ -74,11 +75,9 @@ def _report(result, engine, link) -> None:
 
 
 def run_aggregated(args, token: str) -> None:
-    from hardware.serve.worker import RETRY_S, RouterLink, load_model
-
-    model = load_model(args)
+    model = worker.load_model(args)
     engine = make_engine(model, args)
-    link = RouterLink(args.router, token, {"role": "aggregated", "device": str(model.device)})
+    link = worker.RouterLink(args.router, token, {"role": "aggregated", "device": str(model.device)})
     print(f"aggregated worker {link.index}: {engine.num_blocks} KV blocks of "
           f"{engine.block_size}, {model.device}", file=sys.stderr, flush=True)
     log = None
@@ -101,7 +100,7 @@ def run_aggregated(args, token: str) -> None:
                 continue
             result = engine.step()
             if result is None:                  # nothing fits now (cannot last: see check)
-                time.sleep(RETRY_S)
+                time.sleep(worker.RETRY_S)
                 continue
             _report(result, engine, link)
             if log is not None:
@@ -109,3 +108,11 @@ def run_aggregated(args, token: str) -> None:
     finally:
         if log is not None:
             log.close()
+
+
+def main(argv=None) -> int:
+    return worker.main(argv, run_aggregated)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

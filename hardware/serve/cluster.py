@@ -56,6 +56,34 @@ def check_worker_dependencies() -> None:
                                f"(pip install -e '.[{extra}]')") from None
 
 
+#: flags of one shape only, with their defaults (None in the parser, so a given one is seen)
+DISAGGREGATED_ONLY = {"--num-prefill": ("num_prefill", 1), "--num-decode": ("num_decode", 1),
+                      "--mechanism": ("mechanism", "GN-HAWK"),
+                      "--kv-dtype": ("kv_dtype", "bfloat8_b"),
+                      "--send-buffer-mb": ("send_buffer_mb", 16.0)}
+AGGREGATED_ONLY = {"--num-aggregated": ("num_aggregated", 1)}
+
+
+def shape_conflict(args) -> str | None:
+    """For ``hawk real serve`` / ``run``: the first flag given that the chosen ``--shape`` has no use for (a link mechanism, a
+    P/D pool size with ``aggregated``; ``--num-aggregated`` with ``disaggregated``), as a
+    one-line reason; the others' defaults filled in."""
+    aggregated = getattr(args, "shape", "disaggregated") == "aggregated"
+    foreign, own = ((DISAGGREGATED_ONLY, AGGREGATED_ONLY) if aggregated
+                    else (AGGREGATED_ONLY, DISAGGREGATED_ONLY))
+    for flag, (name, _) in foreign.items():
+        if getattr(args, name, None) is not None:
+            why = ("moves no KV: there is no link, send buffer or decode tile format"
+                   if flag in ("--mechanism", "--kv-dtype", "--send-buffer-mb")
+                   else "has no separate prefill and decode pools")
+            return (f"{flag} is for --shape disaggregated; --shape aggregated {why}"
+                    if aggregated else f"{flag} is for --shape aggregated")
+    for name, default in list(own.values()) + list(foreign.values()):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    return None
+
+
 class ClusterError(RuntimeError):
     """A child process did not start, or the cluster did not come up in time."""
 
@@ -141,7 +169,8 @@ class LocalCluster:
 
     def start_worker(self, role: str) -> tuple[str, int]:
         c = self.config
-        cmd = [sys.executable, "-m", "hardware.serve.worker", "--role", role,
+        module = "aggregated_worker" if role == "aggregated" else "worker"
+        cmd = [sys.executable, "-m", f"hardware.serve.{module}", "--role", role,
                "--router", f"{self.control[0]}:{self.control[1]}", "--host", c.host,
                "--seed", str(c.seed), *c.worker_args]
         if role != "aggregated":

@@ -13,9 +13,9 @@ the model calls, sampling), timed from its ``start`` to its ``end``, once unmeas
   each step every request is set back one token, so every repeat attends the same context);
 - mixed (mixed.csv: ``batch,context_per_request,chunk_tokens`` and the statistics): ``batch``
   such decodes and one fresh prompt of ``chunk_tokens`` in the same step. The simulator does
-  not read it: the summary compares it with the table predictor's ``mixed_step_time`` (the
-  two phases' tables combined), to show how far that combination is from this engine's mixed
-  steps.
+  not read it: ``hawk validate`` sets it beside the table predictor's ``mixed_step_time`` (the
+  two phases' tables combined, ``sim.validation.mixed``), to show how far that combination is
+  from this engine's mixed steps.
 
 [serving] holds the worker's scheduler and cache (``AggSettings``: ``hawk real worker --role
 aggregated``'s defaults) under the names the reader takes (``sim.models.profile_dir``):
@@ -237,25 +237,8 @@ def measure(out: Path, tables: dict, sweep: AggSweep, s: AggSettings, model, con
     return len(todo)
 
 
-def mixed_check(out: Path, tables: dict) -> list[str]:
-    """Each mixed point beside the table predictor's ``mixed_step_time`` of it."""
-    from sim.models.profile_dir import load_profile_dir
-
-    table = load_profile_dir(out).predictor()
-    lines, ratios = [], []
-    for r in tables["mixed"].rows:
-        b, c, t = int(r["batch"]), int(r["context_per_request"]), int(r["chunk_tokens"])
-        predicted = table.mixed_step_time([(t, 0)], [c] * b)
-        ratios.append(r["seconds_p50"] / predicted)
-        lines.append(f"  {b} decodes at {c} + a chunk of {t}: measured "
-                     f"{1e3 * r['seconds_p50']:.2f} ms, tables {1e3 * predicted:.2f} ms")
-    if ratios:
-        lines.insert(0, f"mixed steps / the table predictor's mixed_step_time: median "
-                        f"{np.median(ratios):.3g} over {len(ratios)} points")
-    return lines
-
-
 def summary(tables: dict) -> list[str]:
+    """A few rows of each table (``hawk validate`` sets mixed.csv beside the predictor)."""
     one = sorted((r for r in tables["prefill"].rows if r["num_seqs"] == 1),
                  key=lambda r: r["batch_tokens"])
     lines = ["prefill step, one prompt: " + "  ".join(
@@ -266,6 +249,9 @@ def summary(tables: dict) -> list[str]:
         lines.append(f"decode step, batch {int(b):>3}: " + "  ".join(
             f"ctx {int(r['context_per_request'])} {1e3 * r['seconds_p50']:.1f} ms"
             for r in (row[0], row[-1])))
+    lines += [f"mixed step, {int(r['batch'])} decodes at {int(r['context_per_request'])} + a "
+              f"chunk of {int(r['chunk_tokens'])}: {1e3 * r['seconds_p50']:.1f} ms"
+              for r in tables["mixed"].rows]
     return lines
 
 
@@ -314,5 +300,5 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
                         for end, f in (("min", min), ("max", max))}
     write_header(out, header, complete=True)
     return {"tables": tables, "num_measured": measured,
-            "summary": "\n".join(summary(tables) + mixed_check(out, tables))}
+            "summary": "\n".join(summary(tables))}
 

@@ -1,5 +1,5 @@
 """A prefill or decode worker process: ``python -m hardware.serve.worker --role prefill|decode``
-(``hawk real worker``); ``--role aggregated`` is ``hardware.serve.aggregated_worker``.
+(``hawk real worker``); ``--role aggregated`` runs as ``hardware.serve.aggregated_worker``.
 
 A worker dials the router's control port (``--router HOST:PORT``) and shows the run token
 (``HAWK_RUN_TOKEN`` in its environment); the router answers with its index. Messages are
@@ -335,10 +335,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "DIR/<role><index>.csv (StepLog)")
 
 
-def main(argv=None) -> int:
+def main(argv=None, run=None) -> int:
+    """The process: ``run(args, token)`` is the role's loop (``aggregated_worker`` passes its
+    own; here prefill or decode)."""
     p = argparse.ArgumentParser(prog="hawk real worker", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
+    if args.role == "aggregated" and run is None:
+        p.error("--role aggregated runs as python -m hardware.serve.aggregated_worker")
     try:
         token = token_from_env()
     except ValueError as e:
@@ -348,11 +352,7 @@ def main(argv=None) -> int:
     terminate_as_interrupt()           # SIGTERM stops the worker as Ctrl-C does
     watch_parent()                     # and so does its parent's end
     try:
-        if args.role == "aggregated":
-            from hardware.serve.aggregated_worker import run_aggregated
-            run_aggregated(args, token)
-        else:
-            (run_prefill if args.role == "prefill" else run_decode)(args, token)
+        (run or (run_prefill if args.role == "prefill" else run_decode))(args, token)
     except KeyboardInterrupt:
         pass
     return 0

@@ -338,7 +338,13 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
     if any(isinstance(i, str) for i in items):
         knee = find_knee(simulate_fn, requests.repeated(KNEE_REQUESTS), *slos)
         say(f"simulated knee: {knee:.3g} req/s (attainment >= {KNEE_TARGET:.0%})")
+    from sim.validation.mixed import describe, mixed_vs_table
+
+    mixed = mixed_vs_table(profile)
+    for line in describe(mixed):
+        say(line)
     result = {"profile": str(profile), "mechanism": mechanism or "aggregated",
+              "mixed_step_vs_table": mixed,
               "requests": requests.source, "endpoint": endpoint,
               "num_requests": len(requests.trace), "length_scale": requests.length_scale,
               "ttft_slo_s": slos[0], "tpot_slo_s": slos[1], "slo_source": slo_source,

@@ -144,7 +144,7 @@ def profile_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("aggprof")
     sweep = pa.AggSweep(prefill_num_seqs=(1, 2), prefill_tokens=(16, 128),
                         decode_batches=(1, 4), decode_contexts=(16, 128), mixed_batches=(2,),
-                        mixed_chunks=(32,), repeats=1)
+                        mixed_chunks=(32,), repeats=1, loop_requests=6)
     report = pa.run(out, sweep=sweep, device="cpu", progress=False)
     return out, report
 
@@ -162,6 +162,13 @@ def test_aggregated_profile_is_read_and_simulated_as_an_aggregated_instance(prof
     assert mirror_settings(profile)["cluster.kind"] == "aggregated"
     assert len(profile.prefill) == 4 and len(profile.decode) == 4 and not profile.transfer
     assert (out / "mixed.csv").read_text().startswith("batch,context_per_request,chunk_tokens,")
+    # the serving-loop session: prefill and decode steps of the worker's loop, as factors
+    phases = [line.split(",")[0] for line in (out / "loop.csv").read_text().splitlines()[1:]]
+    assert set(phases) == {"prefill", "decode"}
+    # (a step the tables price at <= 0, extrapolating a noisy 1-repeat table, is left out)
+    assert 0 < profile.loop["decode"][1] <= phases.count("decode")
+    assert profile.loop["transfer"][1] == 0
+    assert profile.predictor().decode_factor == profile.loop["decode"][0] > 0
     assert main(["simulate", "--profile", str(out), "--workload", "chatbot", "--num-requests",
                  "20", "--rate", "1", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -169,8 +176,8 @@ def test_aggregated_profile_is_read_and_simulated_as_an_aggregated_instance(prof
     assert summary["aggregated_utilization"] > 0 and summary["kv_bytes_total"] == 0
     # a rerun resumes: nothing left to measure
     from hardware.serve import profile_aggregated as pa
-    again = pa.run(out, sweep=pa.AggSweep((1, 2), (16, 128), (1, 4), (16, 128), (2,), (32,), 1),
-                   device="cpu", progress=False)
+    again = pa.run(out, sweep=pa.AggSweep((1, 2), (16, 128), (1, 4), (16, 128), (2,), (32,), 1,
+                                          6), device="cpu", progress=False)
     assert again["num_measured"] == 0
 
 

@@ -23,15 +23,18 @@ from hardware.serve import worker
 from traces.schema import Status
 
 #: one row per engine step: decodes and their total and longest context, prompt chunks and
-#: their total and longest tokens, preemptions, the step's seconds
+#: their total and longest tokens, preemptions, the step's seconds (start..end) and the loop's
+#: period (from the end of the previous iteration, its messages sent, to the end of this one;
+#: empty unless the loop stepped in both and never waited between them)
 STEP_COLUMNS = ("num_decodes", "decode_total", "decode_longest", "num_chunks", "chunk_total",
-                "chunk_longest", "num_preempted", "seconds")
+                "chunk_longest", "num_preempted", "seconds", "period_s")
 
 
-def step_row(result) -> str:
+def step_row(result, period_s: float | None) -> str:
     c, t = result.decode_contexts, [n for n, _ in result.chunks]
     cells = (len(c), sum(c), max(c, default=0), len(t), sum(t), max(t, default=0),
-             len(result.preempted), repr(result.end - result.start))
+             len(result.preempted), repr(result.end - result.start),
+             "" if period_s is None else repr(period_s))
     return ",".join(map(str, cells)) + "\n"
 
 
@@ -85,9 +88,12 @@ def run_aggregated(args, token: str) -> None:
         os.makedirs(args.step_log, exist_ok=True)
         log = open(os.path.join(args.step_log, f"aggregated{link.index}.csv"), "w", buffering=1)
         log.write(",".join(STEP_COLUMNS) + "\n")
+    last_end = None                           # the previous iteration's end, if it stepped
     try:
         while True:
             busy = bool(engine.running or engine.waiting)
+            if not busy:
+                last_end = None
             try:
                 msg = link.inbox.get(timeout=None if not busy else 0)
             except queue.Empty:
@@ -101,10 +107,13 @@ def run_aggregated(args, token: str) -> None:
             result = engine.step()
             if result is None:                  # nothing fits now (cannot last: see check)
                 time.sleep(worker.RETRY_S)
+                last_end = None
                 continue
             _report(result, engine, link)
+            now = time.time()
             if log is not None:
-                log.write(step_row(result))
+                log.write(step_row(result, None if last_end is None else now - last_end))
+            last_end = now
     finally:
         if log is not None:
             log.close()

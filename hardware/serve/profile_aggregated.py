@@ -15,7 +15,11 @@ the model calls, sampling), timed from its ``start`` to its ``end``, once unmeas
   such decodes and one fresh prompt of ``chunk_tokens`` in the same step. The simulator does
   not read it: ``hawk validate`` sets it beside the table predictor's ``mixed_step_time`` (the
   two phases' tables combined, ``sim.validation.mixed``), to show how far that combination is
-  from this engine's mixed steps.
+  from this engine's mixed steps;
+- the serving loop (loop.csv, ``measure_loop``): a short session of ``loop_requests``
+  requests on one aggregated worker (``hardware.serve.profile_loop``'s requests), its steps
+  logged; the simulator scales the tables by the loop's median cost per phase over them, as
+  for a disaggregated profile.
 
 [serving] holds the worker's scheduler and cache (``AggSettings``: ``hawk real worker --role
 aggregated``'s defaults) under the names the reader takes (``sim.models.profile_dir``):
@@ -29,6 +33,8 @@ longest chunk or context). Rows are appended as measured; a rerun resumes (as
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from dataclasses import asdict, dataclass
 from itertools import count
 from pathlib import Path
@@ -41,6 +47,7 @@ KEYS = {"prefill": ("batch_tokens", "num_seqs"),
         "decode": ("batch", "context_per_request", "total_context"),
         "mixed": ("batch", "context_per_request", "chunk_tokens")}
 DEFAULT_REPEATS, QUICK_REPEATS = 15, 3
+DEFAULT_LOOP_REQUESTS, QUICK_LOOP_REQUESTS = 60, 12   # as hawk real profile's session
 MIXED_CONTEXT = 128                   # tokens each decode of a mixed point attends
 
 
@@ -76,6 +83,7 @@ class AggSweep:
     mixed_batches: tuple[int, ...]
     mixed_chunks: tuple[int, ...]
     repeats: int
+    loop_requests: int = 0                   # the serving-loop session (loop.csv); 0: none
 
     def __post_init__(self) -> None:
         for name, low in (("prefill_num_seqs", 1), ("prefill_tokens", 1), ("decode_batches", 1),
@@ -87,6 +95,8 @@ class AggSweep:
             object.__setattr__(self, name, v)
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ProfileError(f"repeats {self.repeats!r}: need a whole number >= 1")
+        if not isinstance(self.loop_requests, int) or self.loop_requests < 0:
+            raise ProfileError(f"loop_requests {self.loop_requests!r}: need a whole number >= 0")
 
     @classmethod
     def for_limits(cls, context: int, s: AggSettings, quick: bool = False,
@@ -95,14 +105,14 @@ class AggSweep:
         if quick:
             tokens = _upto((1, 128), context)
             return cls((1, 4), tokens, _upto((1, 8), s.max_batch_size), _upto((2, 128), context),
-                       (1, 8), (16, 256), repeats or QUICK_REPEATS)
+                       (1, 8), (16, 256), repeats or QUICK_REPEATS, QUICK_LOOP_REQUESTS)
         tokens = _upto([1] + [16 << k for k in range(20)] + [3 * context // 4], context)
         batches = _upto([1 << k for k in range(20)] + [3 * s.max_batch_size // 4],
                         s.max_batch_size)
         return cls(_upto([1 << k for k in range(20)], s.max_batch_size), tokens, batches,
                    tuple(max(2, t) for t in tokens if t > 1) or (2,),
                    _upto((1, 4, 16), s.max_batch_size - 1), (16, 128, 512),
-                   repeats or DEFAULT_REPEATS)
+                   repeats or DEFAULT_REPEATS, DEFAULT_LOOP_REQUESTS)
 
     def prefill_points(self, s: AggSettings) -> list[tuple[int, int]]:
         return [(n, t) for n in self.prefill_num_seqs for t in self.prefill_tokens
@@ -237,6 +247,49 @@ def measure(out: Path, tables: dict, sweep: AggSweep, s: AggSettings, model, con
     return len(todo)
 
 
+def measure_loop(out: Path, decode_rows: list[dict], s: AggSettings, device: str, context: int,
+                 num_requests: int) -> int:
+    """The serving loop's steps (``hardware.serve.profile_loop``'s session, on one aggregated
+    worker of the profile's model and settings) into ``out/loop.csv``: a step of prompt chunks
+    alone is a ``prefill`` row (its span), a step of decodes alone a ``decode`` row (the loop's
+    period, where defined); mixed steps are left out (the simulator prices them by both
+    phases' tables, each with its factor). Returns the rows written."""
+    import csv
+    import tempfile
+
+    from hardware.serve.cluster import ClusterConfig
+    from hardware.serve.profile_loop import COLUMNS, WARMUP_REQUESTS, session_trace
+    from hardware.serve.run import RealRunConfig, real_run
+
+    trace = session_trace(decode_rows, context, num_requests)
+    with tempfile.TemporaryDirectory(prefix="hawk-profile-loop-") as scratch:
+        logs = Path(scratch) / "steps"
+        args = ["--max-batch-tokens", str(s.max_batch_tokens),
+                "--max-batch-size", str(s.max_batch_size),
+                "--num-tokens", str(s.num_blocks * s.block_tokens), "--threads", str(s.threads),
+                "--device", "cpu" if device == "cpu" else "cuda", "--step-log", str(logs)]
+        cluster = ClusterConfig(shape="aggregated", model=str(out / "model"), worker_args=args)
+        real_run(trace, RealRunConfig(cluster, 1e9, 1e9, context, progress=False,
+                                      warmup_requests=WARMUP_REQUESTS), Path(scratch) / "run")
+        rows = []
+        for path in sorted(logs.glob("aggregated*.csv")):
+            with path.open(newline="") as f:
+                for r in csv.DictReader(f):
+                    if r["num_decodes"] == "0":
+                        rows.append(("prefill", r["num_chunks"], r["chunk_longest"],
+                                     r["chunk_total"], r["seconds"]))
+                    elif r["num_chunks"] == "0" and r["period_s"]:
+                        rows.append(("decode", r["num_decodes"], r["decode_longest"],
+                                     r["decode_total"], r["period_s"]))
+        partial = out / "loop.csv.partial"
+        with partial.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(COLUMNS)
+            w.writerows(rows)
+        os.replace(partial, out / "loop.csv")
+    return len(rows)
+
+
 def summary(tables: dict) -> list[str]:
     """A few rows of each table (``hawk validate`` sets mixed.csv beside the predictor)."""
     one = sorted((r for r in tables["prefill"].rows if r["num_seqs"] == 1),
@@ -264,6 +317,7 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
     from hardware.model.config import LlamaConfig, tiny_config
     from hardware.model.llama import LlamaModel
     from hardware.serve.profile import _bar, _ensure_model, prefill_device
+    from hardware.serve.profile_loop import summary as loop_summary
     from hardware.serve.profile_files import prepare, write_header
 
     out, s = Path(out), AggSettings.of_worker()
@@ -282,6 +336,10 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
     prepare(out, header, force)
     if force:
         (out / "mixed.csv").unlink(missing_ok=True)
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if progress and load > cores / 2:
+        print(f"real profile: load average {load:.1f} on {cores} cores; other processes "
+              f"compete with the measurements", file=sys.stderr)
     _ensure_model(out, header, model_dir, seed, config)
     tables = {name: Table(out / f"{name}.csv", KEYS[name] + STATS) for name in KEYS}
     threads = torch.get_num_threads()
@@ -295,10 +353,21 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
     finally:
         bar.close()
         torch.set_num_threads(threads)
+    if sweep.loop_requests and not (out / "loop.csv").is_file():
+        from hardware.serve.cluster import ClusterError
+
+        if progress:
+            print(f"profile: serving-loop session, {sweep.loop_requests} requests on a local "
+                  f"aggregated worker", file=sys.stderr)
+        try:
+            measure_loop(out, tables["decode"].rows, s, device, context, sweep.loop_requests)
+        except (ClusterError, OSError) as e:
+            raise ProfileError(f"the serving-loop session failed ({e}); the tables are kept: "
+                               f"rerun the same command to measure the session again") from e
     header["ranges"] = {f"{name}_{c}_{end}": int(f([r[c] for r in t.rows]))
                         for name, t in tables.items() if t.rows for c in KEYS[name]
                         for end, f in (("min", min), ("max", max))}
     write_header(out, header, complete=True)
     return {"tables": tables, "num_measured": measured,
-            "summary": "\n".join(summary(tables))}
+            "summary": "\n".join(summary(tables)) + "\n" + loop_summary(out)}
 

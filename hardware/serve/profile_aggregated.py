@@ -130,6 +130,7 @@ def _upto(points, limit: int) -> tuple[int, ...]:
 def header_for(model_dir, seed: int, device: str, sweep: AggSweep, s: AggSettings,
                config) -> dict:
     """profile.toml's tables: [serving] in the reader's names (the module docstring)."""
+    from datetime import datetime, timezone
     from importlib.metadata import PackageNotFoundError, version
 
     from hardware.serve.profile_files import FORMAT, STANDS_FOR, machine, model_section
@@ -138,7 +139,6 @@ def header_for(model_dir, seed: int, device: str, sweep: AggSweep, s: AggSetting
         hawk_version = version("hawk-sim")
     except PackageNotFoundError:
         hawk_version = "unknown"
-    from datetime import datetime, timezone
     mach = machine(device, s.threads)
     mach.update(description=mach["description"].split(";")[0] + f"; one aggregated worker "
                 f"({s.threads} torch thread(s)) on {device}", decode_device=device,
@@ -290,6 +290,20 @@ def measure_loop(out: Path, decode_rows: list[dict], s: AggSettings, device: str
     return len(rows)
 
 
+def _session(out: Path, tables: dict, s: AggSettings, device: str, context: int,
+             num_requests: int, progress: bool) -> None:
+    from hardware.serve.cluster import ClusterError
+
+    if progress:
+        print(f"profile: serving-loop session, {num_requests} requests on a local aggregated "
+              f"worker", file=sys.stderr)
+    try:
+        measure_loop(out, tables["decode"].rows, s, device, context, num_requests)
+    except (ClusterError, OSError) as e:
+        raise ProfileError(f"the serving-loop session failed ({e}); the tables are kept: "
+                           f"rerun the same command to measure the session again") from e
+
+
 def summary(tables: dict) -> list[str]:
     """A few rows of each table (``hawk validate`` sets mixed.csv beside the predictor)."""
     one = sorted((r for r in tables["prefill"].rows if r["num_seqs"] == 1),
@@ -334,7 +348,7 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
     device = prefill_device(device)
     header = header_for(model_dir, seed, device, sweep, s, config)
     prepare(out, header, force)
-    if force:
+    if not (out / "profile.toml").is_file():           # fresh, or cleared by --force
         (out / "mixed.csv").unlink(missing_ok=True)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if progress and load > cores / 2:
@@ -354,16 +368,7 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
         bar.close()
         torch.set_num_threads(threads)
     if sweep.loop_requests and not (out / "loop.csv").is_file():
-        from hardware.serve.cluster import ClusterError
-
-        if progress:
-            print(f"profile: serving-loop session, {sweep.loop_requests} requests on a local "
-                  f"aggregated worker", file=sys.stderr)
-        try:
-            measure_loop(out, tables["decode"].rows, s, device, context, sweep.loop_requests)
-        except (ClusterError, OSError) as e:
-            raise ProfileError(f"the serving-loop session failed ({e}); the tables are kept: "
-                               f"rerun the same command to measure the session again") from e
+        _session(out, tables, s, device, context, sweep.loop_requests, progress)
     header["ranges"] = {f"{name}_{c}_{end}": int(f([r[c] for r in t.rows]))
                         for name, t in tables.items() if t.rows for c in KEYS[name]
                         for end, f in (("min", min), ("max", max))}

@@ -99,7 +99,14 @@ def _cluster_config(args):
         extra += ["--device", "cpu"]
     return ClusterConfig(num_prefill=args.num_prefill, num_decode=args.num_decode,
                          mechanism=args.mechanism, kv_dtype=args.kv_dtype, host=args.host,
-                         model=args.model, seed=args.seed, worker_args=extra)
+                         model=args.model, seed=args.seed, worker_args=extra,
+                         shape=args.shape, num_aggregated=args.num_aggregated)
+
+
+def _workers_line(args) -> str:
+    if args.shape == "aggregated":
+        return f"{args.num_aggregated} aggregated, no KV transfer"
+    return f"{args.num_prefill} prefill, {args.num_decode} decode, {args.mechanism}"
 
 
 def cmd_serve(args) -> int:
@@ -110,6 +117,12 @@ def cmd_serve(args) -> int:
     from hardware.serve.cluster import ClusterError, LocalCluster
     from hardware.lifecycle import terminate_as_interrupt
 
+    from hardware.serve.cluster import shape_conflict
+
+    conflict = shape_conflict(args)
+    if conflict:
+        print(f"real serve: {conflict}", file=sys.stderr)
+        return 2
     terminate_as_interrupt()
     cluster = LocalCluster(_cluster_config(args), log_dir=args.logs)
     try:
@@ -120,8 +133,8 @@ def cmd_serve(args) -> int:
     except KeyboardInterrupt:
         return 130
     try:
-        print(f"serving on {cluster.endpoint}/v1/completions ({args.num_prefill} prefill, "
-              f"{args.num_decode} decode, {args.mechanism}); Ctrl-C stops", flush=True)
+        print(f"serving on {cluster.endpoint}/v1/completions ({_workers_line(args)}); "
+              f"Ctrl-C stops", flush=True)
         seen: set[str] = set()
         while cluster.router.poll() is None:
             time.sleep(1.0)
@@ -145,6 +158,12 @@ def cmd_run(args) -> int:
     from traces.commands import slos
     from traces.workloads import make_workload, workload_spec
 
+    from hardware.serve.cluster import shape_conflict
+
+    conflict = shape_conflict(args)
+    if conflict:
+        print(f"real run: {conflict}", file=sys.stderr)
+        return 2
     try:
         if args.trace:
             from traces.loaders import load_trace
@@ -186,7 +205,7 @@ def cmd_run(args) -> int:
             ("TTFT p50 / p90 (s)", f"{summary['ttft_p50_s']:.3f} / {summary['ttft_p90_s']:.3f}"),
             ("TPOT p50 / p90 (s)", f"{summary['tpot_p50_s']:.4f} / {summary['tpot_p90_s']:.4f}"),
             ("transfer share of TTFT", f"{summary['ttft_transfer_mean_s'] / summary['ttft_mean_s']:.1%}"
-             if summary["ttft_mean_s"] > 0 else "-"),
+             if summary["ttft_mean_s"] > 0 and summary["shape"] != "aggregated" else "-"),
             ("output tokens/s", f"{summary['output_tokens_per_s']:.1f}"),
             ("energy (J)", f"{summary['energy_j']:.1f} ({summary['power_source'].split(';')[0]})"),
             ("length scale", f"{summary['length_scale']:.3f}")]
@@ -198,16 +217,24 @@ def cmd_run(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    """Measure prefill, decode and the KV path into a profile directory (resumable)."""
-    from hardware.serve import profile
+    """Measure prefill, decode and the KV path (or the aggregated worker's steps) into a
+    profile directory (resumable)."""
+    from hardware.serve import profile, profile_aggregated
     from hardware.transfer_bench import BenchFailed
     from hardware.transport import TransportError
 
+    common = dict(model_dir=args.model, seed=args.seed, quick=args.quick, repeats=args.repeats,
+                  force=args.force, device="cpu" if args.cuda_prefill is False else "auto")
     try:
-        report = profile.run(args.out, model_dir=args.model, seed=args.seed,
-                             device="cpu" if args.cuda_prefill is False else "auto",
-                             quick=args.quick, mechanisms=args.mechanisms, repeats=args.repeats,
-                             force=args.force)
+        if args.shape == "aggregated":
+            if args.mechanisms is not None:
+                print("real profile: --mechanisms is for --shape disaggregated; --shape "
+                      "aggregated moves no KV", file=sys.stderr)
+                return 2
+            report = profile_aggregated.run(args.out, **common)
+        else:
+            report = profile.run(args.out, mechanisms=args.mechanisms or list(MECHANISMS),
+                                 **common)
     except profile.ProfileError as e:
         print(f"real profile: {e}", file=sys.stderr)
         return 2
@@ -225,24 +252,31 @@ def cmd_profile(args) -> int:
 
 def _serving_args(p) -> None:
     from hardware.mechanisms import MECHANISMS
-    p.add_argument("--num-prefill", type=_whole("--num-prefill"), default=1,
+    p.add_argument("--shape", choices=("disaggregated", "aggregated"), default="disaggregated",
+                   help="prefill and decode workers with KV transfer between them (default), "
+                        "or aggregated workers serving both phases of each request")
+    p.add_argument("--num-aggregated", type=_whole("--num-aggregated"),
+                   help="aggregated workers (--shape aggregated; default 1)")
+    p.add_argument("--num-prefill", type=_whole("--num-prefill"),
                    help="prefill workers (default 1)")
-    p.add_argument("--num-decode", type=_whole("--num-decode"), default=1,
+    p.add_argument("--num-decode", type=_whole("--num-decode"),
                    help="decode workers (default 1)")
-    p.add_argument("--mechanism", choices=MECHANISMS, default="GN-HAWK")
-    p.add_argument("--kv-dtype", choices=("bfloat8_b", "bfloat16"), default="bfloat8_b",
-                   help="decode side's NPU tile format (GN mechanisms)")
+    p.add_argument("--mechanism", choices=MECHANISMS, help="KV transfer mechanism (default "
+                                                           "GN-HAWK)")
+    p.add_argument("--kv-dtype", choices=("bfloat8_b", "bfloat16"),
+                   help="decode side's NPU tile format (GN mechanisms; default bfloat8_b)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--model", help="Hugging Face-format directory (default: seeded tiny Llama)")
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--decode-tokens", type=_whole("--decode-tokens"), default=16384,
-                   help="KV capacity of each decode worker, tokens")
-    p.add_argument("--send-buffer-mb", type=float, default=16.0,
-                   help="each prefill worker's send buffer (back-pressure when full)")
+                   help="KV capacity of each decode (or aggregated) worker, tokens")
+    p.add_argument("--send-buffer-mb", type=float,
+                   help="each prefill worker's send buffer (back-pressure when full; default 16)")
     p.add_argument("--max-batch-tokens", type=_whole("--max-batch-tokens"), default=2048,
-                   help="prefill token budget per batch")
+                   help="prefill token budget per batch (aggregated: per step)")
     p.add_argument("--cpu-prefill", dest="cuda_prefill", action="store_false", default=None,
-                   help="run prefill on the CPU even where CUDA is present")
+                   help="run prefill (aggregated: the whole worker) on the CPU even where "
+                        "CUDA is present")
     p.add_argument("--logs", help="directory for the processes' logs")
 
 
@@ -276,10 +310,13 @@ def register(subparsers) -> None:
                                           "the workers' code paths into a profile directory")
     p.add_argument("--out", required=True, help="the profile directory (resumed if it holds "
                                                 "one measured with the same settings)")
+    p.add_argument("--shape", choices=("disaggregated", "aggregated"), default="disaggregated",
+                   help="the prefill and decode workers and the KV path (default), or the "
+                        "aggregated worker's steps (prefill, decode and mixed)")
     p.add_argument("--quick", action="store_true", help="a few points per axis and a short serving "
                                                        "session (about a minute on 2 cores)")
-    p.add_argument("--mechanisms", type=_mechanisms, default=list(MECHANISMS),
-                   help=f"comma-separated subset of {', '.join(MECHANISMS)}")
+    p.add_argument("--mechanisms", type=_mechanisms,
+                   help=f"comma-separated subset of {', '.join(MECHANISMS)} (default all)")
     p.add_argument("--repeats", type=_whole("--repeats"),
                    help="measured runs per point after a warm-up (default 15, --quick 3)")
     p.add_argument("--model", help="Hugging Face-format directory (default: the seeded tiny "
@@ -314,13 +351,31 @@ def register(subparsers) -> None:
     _serving_args(p)
     p.set_defaults(func=cmd_run)
 
-    from hardware.serve import router, worker
+    from hardware.serve import aggregated_router, aggregated_worker, router, worker
     p = leaves.add_parser("router", help="the router process alone (token in HAWK_RUN_TOKEN)")
     router.add_arguments(p)
-    p.set_defaults(func=lambda a: router.main(_argv(a)))
-    p = leaves.add_parser("worker", help="a prefill or decode worker process alone")
+    p.add_argument("--shape", choices=("disaggregated", "aggregated"), default="disaggregated",
+                   help="in front of prefill and decode workers (default), or aggregated ones")
+    p.set_defaults(func=lambda a: (aggregated_router if a.shape == "aggregated" else router)
+                   .main(_without(_argv(a), "--shape")))
+    p = leaves.add_parser("worker", help="a prefill, decode or aggregated worker process alone")
     worker.add_arguments(p)
-    p.set_defaults(func=lambda a: worker.main(_argv(a)))
+    p.set_defaults(func=lambda a: (aggregated_worker if a.role == "aggregated" else worker)
+                   .main(_argv(a)))
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` less ``flag VALUE`` and ``flag=VALUE``."""
+    out, skip = [], False
+    for x in argv:
+        if skip or x.startswith(flag + "="):
+            skip = False
+            continue
+        if x == flag:
+            skip = True
+            continue
+        out.append(x)
+    return out
 
 
 def _argv(args) -> list[str]:

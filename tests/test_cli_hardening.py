@@ -313,6 +313,7 @@ def standalone_parser(monkeypatch, module: str):
     ("hardware.layout_bench", [], "--tok"),
     ("hardware.transfer_bench", [], "--size"),                           # --size-bytes
     ("traces.stub_server", [], "--ttf"),
+    ("hardware.serve.router", [], "--request-time"),                     # --request-timeout-s
 ])
 def test_standalone_parsers_never_abbreviate(monkeypatch, capsys, module, argv, abbreviation):
     parser = standalone_parser(monkeypatch, module)

@@ -9,6 +9,8 @@ process, which then stops them. ``stop()`` ends every child it started (SIGINT, 
 after a grace period) and waits for it, so nothing outlives a run or a test; a child whose
 parent dies without calling it (SIGKILL) ends itself (``hardware.lifecycle``).
 ``reap()`` collects children that exited on their own, so none stays a zombie.
+With ``shape = "aggregated"`` the router is ``aggregated_router`` and ``num_aggregated``
+aggregated workers serve both phases each (no KV moves; the warm-up goes through each one).
 ``kill_worker`` / ``start_worker`` are for fault drills. All share one fresh run token, passed in
 the environment (never on a command line).
 """
@@ -54,8 +56,39 @@ def check_worker_dependencies() -> None:
                                f"(pip install -e '.[{extra}]')") from None
 
 
+#: flags of one shape only, with their defaults (None in the parser, so a given one is seen)
+DISAGGREGATED_ONLY = {"--num-prefill": ("num_prefill", 1), "--num-decode": ("num_decode", 1),
+                      "--mechanism": ("mechanism", "GN-HAWK"),
+                      "--kv-dtype": ("kv_dtype", "bfloat8_b"),
+                      "--send-buffer-mb": ("send_buffer_mb", 16.0)}
+AGGREGATED_ONLY = {"--num-aggregated": ("num_aggregated", 1)}
+
+
+def shape_conflict(args) -> str | None:
+    """For ``hawk real serve`` / ``run``: the first flag given that the chosen ``--shape`` has no use for (a link mechanism, a
+    P/D pool size with ``aggregated``; ``--num-aggregated`` with ``disaggregated``), as a
+    one-line reason; the others' defaults filled in."""
+    aggregated = getattr(args, "shape", "disaggregated") == "aggregated"
+    foreign, own = ((DISAGGREGATED_ONLY, AGGREGATED_ONLY) if aggregated
+                    else (AGGREGATED_ONLY, DISAGGREGATED_ONLY))
+    for flag, (name, _) in foreign.items():
+        if getattr(args, name, None) is not None:
+            why = ("moves no KV: there is no link, send buffer or decode tile format"
+                   if flag in ("--mechanism", "--kv-dtype", "--send-buffer-mb")
+                   else "has no separate prefill and decode pools")
+            return (f"{flag} is for --shape disaggregated; --shape aggregated {why}"
+                    if aggregated else f"{flag} is for --shape aggregated")
+    for name, default in list(own.values()) + list(foreign.values()):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    return None
+
+
 class ClusterError(RuntimeError):
     """A child process did not start, or the cluster did not come up in time."""
+
+
+SHAPES = ("disaggregated", "aggregated")
 
 
 @dataclass
@@ -70,6 +103,19 @@ class ClusterConfig:
     worker_args: list[str] = field(default_factory=list)
     router_args: list[str] = field(default_factory=list)     # e.g. --request-timeout-s 60
     start_timeout_s: float = 180.0
+    shape: str = "disaggregated"
+    num_aggregated: int = 1
+
+    def __post_init__(self) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"shape {self.shape!r}: one of {', '.join(SHAPES)}")
+
+    @property
+    def roles(self) -> dict[str, int]:
+        """Workers to start, by role."""
+        if self.shape == "aggregated":
+            return {"aggregated": self.num_aggregated}
+        return {"prefill": self.num_prefill, "decode": self.num_decode}
 
 
 class LocalCluster:
@@ -81,7 +127,7 @@ class LocalCluster:
         self.workers: dict[tuple[str, int], subprocess.Popen] = {}
         self.endpoint = ""
         self.control: tuple[str, int] | None = None
-        self._started = {"prefill": 0, "decode": 0}
+        self._started = {"prefill": 0, "decode": 0, "aggregated": 0}
 
     def _env(self) -> dict:
         return child_env({**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1",
@@ -96,7 +142,9 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         c = self.config
         check_worker_dependencies()
-        cmd = [sys.executable, "-m", "hardware.serve.router", "--host", c.host, *c.router_args]
+        module = "aggregated_router" if c.shape == "aggregated" else "router"
+        cmd = [sys.executable, "-m", f"hardware.serve.{module}", "--host", c.host,
+               *c.router_args]
         if c.model:
             cmd += ["--model", c.model]
         self.router = subprocess.Popen(cmd, env=self._env(), stdout=subprocess.PIPE,
@@ -109,11 +157,10 @@ class LocalCluster:
         ready = json.loads(line)
         self.endpoint, self.control = ready["http"], tuple(ready["control"])
         try:
-            for _ in range(c.num_prefill):
-                self.start_worker("prefill")
-            for _ in range(c.num_decode):
-                self.start_worker("decode")
-            self.wait_for(c.num_prefill, c.num_decode)
+            for role, n in c.roles.items():
+                for _ in range(n):
+                    self.start_worker(role)
+            self._wait_roles(c.roles)
             self.warm_up()
         except BaseException:
             self.stop()
@@ -122,10 +169,12 @@ class LocalCluster:
 
     def start_worker(self, role: str) -> tuple[str, int]:
         c = self.config
-        cmd = [sys.executable, "-m", "hardware.serve.worker", "--role", role,
+        module = "aggregated_worker" if role == "aggregated" else "worker"
+        cmd = [sys.executable, "-m", f"hardware.serve.{module}", "--role", role,
                "--router", f"{self.control[0]}:{self.control[1]}", "--host", c.host,
-               "--mechanism", c.mechanism, "--kv-dtype", c.kv_dtype, "--seed", str(c.seed),
-               *c.worker_args]
+               "--seed", str(c.seed), *c.worker_args]
+        if role != "aggregated":
+            cmd += ["--mechanism", c.mechanism, "--kv-dtype", c.kv_dtype]
         if c.model:
             cmd += ["--model", c.model]
         key = (role, self._started[role])
@@ -136,15 +185,16 @@ class LocalCluster:
         return key
 
     def warm_up(self) -> list[dict]:
-        """One short request through every live (prefill, decode) pair; ``ClusterError``
-        naming the pairs that failed."""
+        """One short request through every live (prefill, decode) pair, or every aggregated
+        worker; ``ClusterError`` naming those that failed."""
         req = urllib.request.Request(self.endpoint + "/hawk/warmup", b"", method="POST")
         with urllib.request.urlopen(req, timeout=self.config.start_timeout_s) as r:
             pairs = json.loads(r.read())
         bad = [p for p in pairs if p["status"] != "ok"]
         if bad:
             raise ClusterError("warm-up failed on " + "; ".join(
-                f"prefill {p['prefill']} -> decode {p['decode']}: {p['error']}" for p in bad)
+                " -> ".join(f"{k} {p[k]}" for k in ("prefill", "decode", "aggregated") if k in p)
+                + f": {p['error']}" for p in bad)
                 + (f"; logs in {self.log_dir}" if self.log_dir else ""))
         return pairs
 
@@ -164,11 +214,14 @@ class LocalCluster:
 
     def wait_for(self, num_prefill: int, num_decode: int, exact: bool = False) -> None:
         """Wait until at least (``exact``: exactly) that many workers of each role are live."""
+        self._wait_roles({"prefill": num_prefill, "decode": num_decode}, exact)
+
+    def _wait_roles(self, wanted: dict[str, int], exact: bool = False) -> None:
         deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
             h = self.health()
-            if (h["prefill"], h["decode"]) == (num_prefill, num_decode) or (
-                    not exact and h["prefill"] >= num_prefill and h["decode"] >= num_decode):
+            if all(h.get(r, 0) == n or (not exact and h.get(r, 0) >= n)
+                   for r, n in wanted.items()):
                 return
             dead = [f"{r}-{i} (exit {p.returncode})" for (r, i), p in self.workers.items()
                     if p.poll() is not None and p.returncode != -signal.SIGKILL]

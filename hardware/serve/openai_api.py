@@ -144,7 +144,7 @@ def make_app(router):            # a hardware.serve.router.Router
     app.router.add_get("/v1/models", lambda req: web.json_response(
         {"object": "list", "data": [{"id": "hawk", "object": "model"}]}))
     app.router.add_get("/health", lambda req: web.json_response(
-        {"prefill": len(router.alive("prefill")), "decode": len(router.alive("decode")),
+        {**{role: len(router.alive(role)) for role in router.workers},
          "requests": len(router.requests),
          "done": sum(r.status != Status.UNFINISHED.value for r in router.requests.values())}))
     app.router.add_get("/hawk/requests", requests_log)

@@ -337,7 +337,7 @@ class Router:
         """Each live worker's counters, asked of all at once: one that does not answer within
         ``timeout_s`` (frozen, or busy) is listed with the counters it last sent and
         ``"answered": false``, so a read-out never waits on one worker for longer."""
-        live = [w for role in ("prefill", "decode") for w in self.alive(role)]
+        live = [w for role in self.workers for w in self.alive(role)]
         for w in live:
             if w.stats is None or w.stats.done():          # one question in flight per worker
                 w.stats = asyncio.get_running_loop().create_future()
@@ -350,14 +350,14 @@ class Router:
                  "stats_at": w.stats_at} for w in live]
 
 
-async def serve(args, token: str) -> None:
+async def serve(args, token: str, make_router=None) -> None:
     from aiohttp import web
 
     from hardware.model.config import LlamaConfig, tiny_config
 
     config = LlamaConfig.from_json(args.model) if args.model else tiny_config()
-    router = Router(token, config.vocab_size, config.max_position_embeddings, args.routing,
-                    request_timeout_s=args.request_timeout_s)
+    router = (make_router or Router)(token, config.vocab_size, config.max_position_embeddings,
+                                     args.routing, request_timeout_s=args.request_timeout_s)
     control = await asyncio.start_server(router.on_worker, args.host, args.control_port)
     from hardware.serve.openai_api import make_runner
 
@@ -415,8 +415,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "failed_timeout (default %(default)g)")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hawk real router", description=__doc__.split("\n")[0])
+def main(argv=None, make_router=None) -> int:
+    p = argparse.ArgumentParser(prog="hawk real router", description=__doc__.split("\n")[0],
+                                allow_abbrev=False)
     add_arguments(p)
     args = p.parse_args(argv)
     try:
@@ -427,7 +428,7 @@ def main(argv=None) -> int:
     from hardware.lifecycle import watch_parent
     watch_parent()                     # SIGTERM to this process once its parent is gone
     try:
-        asyncio.run(serve(args, token))
+        asyncio.run(serve(args, token, make_router))
     except KeyboardInterrupt:
         pass
     return 0

@@ -8,7 +8,9 @@
 3. Each trace request is found in the router's log by its prompt, and its record
    (``traces.schema``) takes every instant from the workers' clocks: arrival (router),
    prefill start and end (prefill worker), transfer start and end, first token and finish
-   (decode worker); seconds since the replay's start. A failure the client saw and the workers
+   (decode worker; an aggregated worker stamps prefill and tokens, and nothing is transferred:
+   no transfer instants, ``kv_bytes`` 0); seconds since the replay's start. A failure the
+   client saw and the workers
    did not (a timeout) keeps the client's status.
 4. ``records.parquet`` and ``summary.json`` (``traces.metrics.summarize`` plus power, the
    scaling and the cluster) go to ``out``. Ctrl-C stops the replay, and what finished is
@@ -17,7 +19,8 @@
 
 Power: NVML's energy counter when a GPU is present, else RAPL's when readable, else an
 estimate (``power_source`` says which): each worker's measured busy time at the catalog's
-board power of the device it stands for (idle power not counted).
+board power of the device it stands for (idle power not counted; an aggregated worker stands
+for the prefill device, a GPU).
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def estimated_energy(workers: list[dict], prefill_device: str, decode_device: st
     devices = catalog.devices()
     joules, parts = 0.0, []
     for w in workers:
-        key = prefill_device if w["role"] == "prefill" else decode_device
+        key = decode_device if w["role"] == "decode" else prefill_device
         busy = float(w.get("busy_s") or 0.0)
         joules += busy * devices[key].board_power_w
         parts.append(f"{w['role']} {w['index']}: {busy:.2f} s busy as {key}")
@@ -243,10 +246,13 @@ def real_run(trace: Trace, config: RealRunConfig, out: Path | None = None) -> di
     energy = (estimated_energy(workers, config.prefill_device, config.decode_device)
               if joules is None else {"energy_j": joules, "power_source": meter.source})
     span = float(np.nanmax(frame["finished_at"])) if len(frame) else 0.0
+    c = config.cluster
+    shape = ({"mechanism": None, "kv_dtype": None, "num_aggregated_workers": c.num_aggregated}
+             if c.shape == "aggregated" else
+             {"mechanism": c.mechanism, "kv_dtype": c.kv_dtype,
+              "num_prefill_workers": c.num_prefill, "num_decode_workers": c.num_decode})
     summary.update(energy, mode="real", interrupted=interrupted, length_scale=scale,
-                   mechanism=config.cluster.mechanism, kv_dtype=config.cluster.kv_dtype,
-                   num_prefill_workers=config.cluster.num_prefill,
-                   num_decode_workers=config.cluster.num_decode, workers=workers,
+                   shape=c.shape, **shape, workers=workers,
                    real_time_s=span, trace={"name": trace.name, "num_requests": len(trace)})
     watts = summary["energy_j"] / span if span > 0 else 0.0
     summary["tokens_per_joule"] = summary["output_tokens_per_s"] / watts if watts > 0 else 0.0

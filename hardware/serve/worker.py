@@ -1,5 +1,5 @@
 """A prefill or decode worker process: ``python -m hardware.serve.worker --role prefill|decode``
-(``hawk real worker``).
+(``hawk real worker``); ``--role aggregated`` runs as ``hardware.serve.aggregated_worker``.
 
 A worker dials the router's control port (``--router HOST:PORT``) and shows the run token
 (``HAWK_RUN_TOKEN`` in its environment); the router answers with its index. Messages are
@@ -109,7 +109,7 @@ def load_model(args):
 
     torch.set_num_threads(args.threads)
     device = args.device if args.device != "auto" else (
-        "cuda" if args.role == "prefill" and torch.cuda.is_available() else "cpu")
+        "cuda" if args.role != "decode" and torch.cuda.is_available() else "cpu")
     if args.model:
         return LlamaModel.load(args.model, device=device)
     return LlamaModel.random(tiny_config(), seed=args.seed, device=device)
@@ -309,7 +309,7 @@ def _address(text: str) -> tuple[str, int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from hardware.mechanisms import MECHANISMS
-    p.add_argument("--role", choices=("prefill", "decode"), required=True)
+    p.add_argument("--role", choices=("prefill", "decode", "aggregated"), required=True)
     p.add_argument("--router", type=_address, required=True, help="router control HOST:PORT")
     p.add_argument("--host", default="127.0.0.1",
                    help="address this worker's KV path binds to (default: loopback)")
@@ -320,10 +320,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="a Hugging Face-format directory (default: the seeded tiny "
                                    "Llama)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
-    p.add_argument("--device", default="auto", help="auto: CUDA for prefill when present")
+    p.add_argument("--device", default="auto",
+                   help="auto: CUDA for prefill and aggregated workers when present")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--num-blocks", type=int, default=256, help="prefill KV blocks of 16 tokens")
-    p.add_argument("--num-tokens", type=int, default=16384, help="decode KV capacity, tokens")
+    p.add_argument("--num-tokens", type=int, default=16384,
+                   help="decode (or aggregated) KV capacity, tokens")
     p.add_argument("--max-request-tokens", type=int, default=512)
     p.add_argument("--max-batch-tokens", type=int, default=2048)
     p.add_argument("--max-batch-size", type=int, default=32)
@@ -333,11 +335,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "DIR/<role><index>.csv (StepLog)")
 
 
-def main(argv=None) -> int:
+def main(argv=None, run=None) -> int:
+    """The process: ``run(args, token)`` is the role's loop (``aggregated_worker`` passes its
+    own; here prefill or decode)."""
     p = argparse.ArgumentParser(prog="hawk real worker", description=__doc__.split("\n")[0],
                                 allow_abbrev=False)
     add_arguments(p)
     args = p.parse_args(argv)
+    if args.role == "aggregated" and run is None:
+        p.error("--role aggregated runs as python -m hardware.serve.aggregated_worker")
     try:
         token = token_from_env()
     except ValueError as e:
@@ -347,7 +353,7 @@ def main(argv=None) -> int:
     terminate_as_interrupt()           # SIGTERM stops the worker as Ctrl-C does
     watch_parent()                     # and so does its parent's end
     try:
-        (run_prefill if args.role == "prefill" else run_decode)(args, token)
+        (run or (run_prefill if args.role == "prefill" else run_decode))(args, token)
     except KeyboardInterrupt:
         pass
     return 0

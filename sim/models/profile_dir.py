@@ -200,8 +200,8 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
     profile = MeasuredProfile(root, complete, stands["prefill"], stands["decode"], model,
                               kv_dtype, serving, mechanisms, prefill, decode, arrays,
                               dict(machine))
-    if aggregated:                  # one engine serves both phases: no transfer, no loop.csv
-        return profile
+    if aggregated:                  # one engine serves both phases: no transfer rows
+        return dataclasses.replace(profile, loop=loop_factors(base / LOOP_FILE, table, None))
     transfer_table = TransferTable(arrays[profile.default_mechanism])
     return dataclasses.replace(profile, loop=loop_factors(
         base / LOOP_FILE, table, lambda tokens: transfer_table(profile.kv_bytes(tokens))))
@@ -210,14 +210,16 @@ def _load(root: str, _stamps: tuple) -> MeasuredProfile:
 def loop_factors(path: Path, table, transfer_time) -> dict:
     """{phase: (median of seconds / the tables' time for that step, steps)} over loop.csv's
     rows (a missing file: 1.0 and 0 steps per phase); bad rows are named by line and column.
-    A transfer row is priced by ``transfer_time(tokens)`` (the session's mechanism)."""
+    A transfer row is priced by ``transfer_time(tokens)`` (the session's mechanism; None:
+    an aggregated profile, which has none)."""
     out = {"prefill": [], "decode": [], "transfer": []}
     rows = _read_csv(path, LOOP_COLUMNS) if path.is_file() else []
     for line, rec in rows:
         phase = rec["phase"]
-        if phase not in out:
+        phases = "prefill or decode" if transfer_time is None else "prefill, decode or transfer"
+        if phase not in out or (phase == "transfer" and transfer_time is None):
             raise ProfileDirError(f"{path}:{line}: expected {','.join(LOOP_COLUMNS)} with "
-                                  f"phase prefill, decode or transfer, got {phase!r}")
+                                  f"phase {phases}, got {phase!r}")
         priced = (transfer_time(int(rec["total"])) if phase == "transfer"
                   else table.step_cost(phase, int(rec["batch"]), rec["longest"], rec["total"]))
         if priced > 0:

@@ -14,7 +14,8 @@ how far apart they are (``sim.validation.errors``): ``validate``, run by ``hawk 
    TTFT and TPOT the simulator predicts for the trace's longest prompt served alone on this
    profile: a latency budget that queueing near the knee eats into.
 4. Per load: ``hawk real run``'s machinery (a ``LocalCluster`` serving the profile's own model
-   with its [serving] settings), or with ``endpoint`` a replay against that live engine
+   with its [serving] settings: aggregated workers for a profile of ``hawk real profile
+   --shape aggregated``), or with ``endpoint`` a replay against that live engine
    (``traces.replay``: a profile of ``hawk profile --endpoint``, an aggregated instance), and
    ``hawk simulate --profile DIR`` on the same trace, judged by
    ``sim.validation.errors.judge``. With ``--out``: ``OUTDIR/<load>/paired.parquet`` (the paired
@@ -98,14 +99,21 @@ def read_profile(path) -> dict:
     for table in ("serving", "model"):
         if not isinstance(doc.get(table), dict):
             raise ValueError(f"{toml}: no [{table}] table")
-    if not is_aggregated(doc) and not (path / "model" / "config.json").is_file():
+    if not from_endpoint(doc) and not (path / "model" / "config.json").is_file():
         raise FileNotFoundError(f"--profile {path}: no model/config.json (the model measured)")
     return doc
 
 
 def is_aggregated(doc: dict) -> bool:
-    """Whether the profile measured one engine serving both phases (``hawk profile``)."""
+    """Whether the profile measured one engine serving both phases (``hawk profile
+    --endpoint``, ``hawk real profile --shape aggregated``)."""
     return doc["serving"].get("engine") == "aggregated"
+
+
+def from_endpoint(doc: dict) -> bool:
+    """Whether the profile measured a live engine from outside (``hawk profile --endpoint``:
+    [machine] endpoint), which only that engine can serve again."""
+    return is_aggregated(doc) and bool((doc.get("machine") or {}).get("endpoint"))
 
 
 def mechanism_of(doc: dict, asked: str | None) -> str | None:
@@ -129,8 +137,9 @@ def context_of(doc: dict) -> int:
     return int(s.get("max_request_tokens") or m.get("max_context"))
 
 
-def cluster_config(profile, doc: dict, mechanism: str):
-    """The real side: the profile's own model and the workers' settings it was measured with."""
+def cluster_config(profile, doc: dict, mechanism: str | None):
+    """The real side: the profile's own model and the workers' settings it was measured with
+    (``mechanism`` None: one aggregated worker)."""
     from hardware.serve.cluster import ClusterConfig
 
     s = doc["serving"]
@@ -143,6 +152,9 @@ def cluster_config(profile, doc: dict, mechanism: str):
     device = (doc.get("machine") or {}).get("device")
     if device:
         args += ["--device", "cpu" if device == "cpu" else "cuda"]
+    if mechanism is None:
+        return ClusterConfig(shape="aggregated", model=str(Path(profile) / "model"),
+                             worker_args=args)
     return ClusterConfig(mechanism=mechanism, kv_dtype=s.get("kv_dtype", "bfloat8_b"),
                          model=str(Path(profile) / "model"), worker_args=args)
 
@@ -305,7 +317,7 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
         real_fn = (lambda trace, ttft, tpot, where: endpoint_records(trace, endpoint, ttft,
                                                                      tpot, where, token_ids))
     elif real_fn is None:
-        if is_aggregated(doc):
+        if from_endpoint(doc):
             raise ValueError(f"--profile {profile}: measured from an endpoint ([serving] engine "
                              f"= \"aggregated\"); give --endpoint URL to validate against it")
         config, context = cluster_config(profile, doc, mechanism), context_of(doc)
@@ -326,7 +338,13 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
     if any(isinstance(i, str) for i in items):
         knee = find_knee(simulate_fn, requests.repeated(KNEE_REQUESTS), *slos)
         say(f"simulated knee: {knee:.3g} req/s (attainment >= {KNEE_TARGET:.0%})")
+    from sim.validation.mixed import describe, mixed_vs_table
+
+    mixed = mixed_vs_table(profile)
+    for line in describe(mixed):
+        say(line)
     result = {"profile": str(profile), "mechanism": mechanism or "aggregated",
+              "mixed_step_vs_table": mixed,
               "requests": requests.source, "endpoint": endpoint,
               "num_requests": len(requests.trace), "length_scale": requests.length_scale,
               "ttft_slo_s": slos[0], "tpot_slo_s": slos[1], "slo_source": slo_source,

@@ -297,3 +297,23 @@ def test_table_lines_match_the_grid_and_interpolate_scattered_points():
     four_seqs = 0.04 + (32 - 64) * (0.1 - 0.04) / (256 - 64)        # extrapolated below 64
     assert scattered.prefill_time([16, 16]) == pytest.approx(
         one_seq + (2 - 1) / (4 - 1) * (four_seqs - one_seq), rel=1e-12)
+
+
+def test_a_noisy_table_never_prices_a_step_below_zero_or_cheaper_for_more_work():
+    """Two noisy points whose end segment slopes down (seen in a 1-repeat profile on a loaded
+    machine) extrapolate flat above the range and never below 0 s beneath it."""
+    import numpy as np
+
+    from sim.models.table import TablePredictor
+
+    table = TablePredictor.from_points(
+        np.array([[1, 16, 0.010], [1, 128, 0.008]]),               # prefill falls with tokens
+        np.array([[1, 16, 0.004], [1, 128, 0.003], [4, 16, 0.002], [4, 128, 0.002]]))
+    assert table.prefill_time([4096]) == pytest.approx(0.008)
+    assert table.prefill_time([1]) >= 0.010
+    steps = [table.decode_step_time(b, c) for b in (1, 4, 16, 64) for c in (0, 16, 4096)]
+    assert min(steps) >= 0.0
+    assert table.decode_step_time(64, 4096) >= table.decode_step_time(4, 4096)
+    steep = TablePredictor.from_points(np.array([[1, 100, 0.001], [1, 200, 0.101]]),
+                                       np.array([[1, 100, 0.001], [1, 200, 0.101]]))
+    assert steep.prefill_time([10]) == 0.0 and steep.decode_step_time(1, 10) == 0.0

@@ -231,3 +231,16 @@ def test_the_bundled_mooncake_trace_loads_by_name_with_its_hashes():
     assert [len(h) for h in trace.hash_ids] == blocks.tolist()
     head = trace.head(10).select(slice(2, 5))          # selections keep their rows' hashes
     assert head.hash_ids[0] == trace.hash_ids[2]
+
+
+def test_replayed_prompts_share_exactly_the_blocks_their_hashes_share():
+    from traces.prompts import PromptMaker, PromptSpec
+
+    maker = PromptMaker(PromptSpec(kind="token_ids"), 100)
+    a = maker.prompt(0, 10, (7, 8, 9), 4)
+    b = maker.prompt(1, 11, (7, 8, 5), 4)
+    c = maker.prompt(2, 6, (6, 8), 4)
+    assert len(a) == 10 and len(b) == 11 and len(c) == 6
+    assert a[:8] == b[:8] and a[8:] != b[8:10]
+    assert c[:4] != a[:4] and c[4:] == a[4:6]       # the same hash, the same tokens
+    assert maker.prompt(0, 10) != a                  # without hashes: the distinct prompt

@@ -25,7 +25,8 @@ from sim.engine.link import KVLink
 from sim.engine.memory import make_pool, pool_for
 from sim.models.predictor import Predictor, RooflinePredictor, load_profile
 from sim.engine.prefill import PrefillInstance
-from sim.engine.prefix_cache import make_cache, summary_of as prefix_summary
+from sim.engine.prefix_cache import make_cache, summary_of as prefix_summary, \
+    totals as prefix_totals
 from sim.engine.measured import SerialLink, measured_parts
 from sim.engine.router import Router
 from sim.engine.timers import run_events
@@ -281,7 +282,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     summary.update(metrics.utilization(stats, float(env.now), occupancy))
     caches = [p.prefix for p in prefills + (pool or []) if p.prefix is not None]
     if caches:
-        summary.update(prefix_summary(caches))
+        stats["prefix_cache"] = prefix_totals(caches)
+        summary.update(prefix_summary(stats["prefix_cache"]))
     if pool is not None:             # its stats first: the cost model prices every pool
         pools.add_pool(summary, stats, pool, config, float(env.now), records)
     summary.update(_power_and_cost(stats, summary, config,
@@ -336,7 +338,8 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
     summary.update(metrics.utilization(stats, span))
     summary.update(pools.pool_use(stats, records, config, span))
     if pool[0].prefix is not None:
-        summary.update(prefix_summary([a.prefix for a in pool]))
+        stats["prefix_cache"] = prefix_totals([a.prefix for a in pool])
+        summary.update(prefix_summary(stats["prefix_cache"]))
     summary.update(_power_and_cost(stats, summary, config,
                                    m.tables if m is not None else None))
     if m is not None:

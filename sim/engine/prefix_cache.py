@@ -144,10 +144,16 @@ def make_cache(trace, block_tokens_capacity: int) -> PrefixCache:
     return PrefixCache(hashes, block, block_tokens_capacity // block)
 
 
-def summary_of(caches) -> dict:
-    """The run's prefix-cache keys: tokens hit over prompt tokens admitted, over every cache."""
-    query = sum(c.num_query_tokens for c in caches)
-    hit = sum(c.num_hit_tokens for c in caches)
+def totals(caches) -> dict:
+    """The caches' counters summed (a run's ``stats["prefix_cache"]``; cells add theirs)."""
+    return {"hit_tokens": sum(c.num_hit_tokens for c in caches),
+            "query_tokens": sum(c.num_query_tokens for c in caches),
+            "evictions": sum(c.num_evictions for c in caches)}
+
+
+def summary_of(total: dict) -> dict:
+    """The run's prefix-cache keys from ``totals``: tokens hit over prompt tokens admitted."""
+    query, hit = total["query_tokens"], total["hit_tokens"]
     return {"prefix_cache_hit_rate": hit / query if query else 0.0,
             "prefix_cache_hit_tokens": hit, "prefix_cache_query_tokens": query,
-            "prefix_cache_evictions": sum(c.num_evictions for c in caches)}
+            "prefix_cache_evictions": total["evictions"]}

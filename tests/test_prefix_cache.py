@@ -244,3 +244,18 @@ def test_replayed_prompts_share_exactly_the_blocks_their_hashes_share():
     assert a[:8] == b[:8] and a[8:] != b[8:10]
     assert c[:4] != a[:4] and c[4:] == a[4:6]       # the same hash, the same tokens
     assert maker.prompt(0, 10) != a                  # without hashes: the distinct prompt
+
+
+def test_a_run_of_cells_reports_the_hit_rate_over_its_cells():
+    """Per-cell instances: each cell's cache sees its share of the requests; the run's hit
+    rate is their hit tokens over their prompt tokens, summed."""
+    from sim.runs.cells.run import simulate_cells
+
+    trace = session_trace(SessionSpec(num_sessions=30, rate=0.5), seed=3)
+    config = from_dict({**DISAGGREGATED, "cells": {"count": 2, "instances": "per-cell"}})
+    result = simulate_cells(config, trace, workers=1)
+    summary = result.summary
+    assert summary["prefix_cache_query_tokens"] == int(trace.num_prompt_tokens.sum())
+    assert 0 < summary["prefix_cache_hit_tokens"] < summary["prefix_cache_query_tokens"]
+    assert summary["prefix_cache_hit_rate"] == pytest.approx(
+        summary["prefix_cache_hit_tokens"] / summary["prefix_cache_query_tokens"])

@@ -259,3 +259,15 @@ def test_a_run_of_cells_reports_the_hit_rate_over_its_cells():
     assert 0 < summary["prefix_cache_hit_tokens"] < summary["prefix_cache_query_tokens"]
     assert summary["prefix_cache_hit_rate"] == pytest.approx(
         summary["prefix_cache_hit_tokens"] / summary["prefix_cache_query_tokens"])
+
+
+def test_the_engine_counters_are_read_from_prometheus_text():
+    from sim.validation.prefix import parse_counters
+
+    text = ('# HELP vllm:prefix_cache_hits_total x\n'
+            'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 17275.0\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 13440.0\n'
+            'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 10.0\n')
+    assert parse_counters(text) == {"vllm:prefix_cache_queries_total": 17275.0,
+                                    "vllm:prefix_cache_hits_total": 13450.0,
+                                    "vllm:prompt_tokens_total": 0.0}

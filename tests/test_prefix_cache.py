@@ -271,3 +271,11 @@ def test_the_engine_counters_are_read_from_prometheus_text():
     assert parse_counters(text) == {"vllm:prefix_cache_queries_total": 17275.0,
                                     "vllm:prefix_cache_hits_total": 13450.0,
                                     "vllm:prompt_tokens_total": 0.0}
+
+
+def test_a_streamed_run_with_prefix_caching_is_refused_by_name(tmp_path):
+    from sim.engine.stream import Stream
+
+    config = from_dict(DISAGGREGATED)
+    with pytest.raises(ConfigError, match=r"prefix_caching: a streamed run"):
+        simulate(config, stream=Stream(tmp_path / "records.parquet"))

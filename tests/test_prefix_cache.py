@@ -155,11 +155,43 @@ def test_prefill_side_hands_on_each_request_once_and_releases_every_block():
     assert cache.num_hit_tokens > 0
 
 
-def test_the_decode_side_refuses_a_prefix_cache_by_name():
-    with pytest.raises(ConfigError, match=r"cluster.decode.prefix_caching"):
-        make_config(**{"cluster.decode.prefix_caching": True})
+def test_a_prefix_caching_value_that_is_not_a_boolean_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"cluster.prefill.prefix_caching must be true or"):
         make_config(**{"cluster.prefill.prefix_caching": "yes"})
+
+
+def test_the_decode_side_pulls_only_what_it_lacks():
+    """Decode-side caching: the hand trace's hits are tokens not pulled; r0 pulls all."""
+    off = from_dict(DISAGGREGATED)
+    on = off.replace(**{"cluster.decode.prefix_caching": True})
+    both = simulate(on, trace=hashed_trace(**HAND))
+    prefill_only = simulate(off, trace=hashed_trace(**HAND))
+    assert both.summary["decode_prefix_cache_hit_tokens"] == 2048
+    assert "decode_prefix_cache_hit_rate" not in prefill_only.summary
+    pulled = both.records["kv_bytes"].to_numpy()
+    whole = prefill_only.records["kv_bytes"].to_numpy()
+    assert pulled[0] == whole[0] and (pulled[1:] < whole[1:]).all()
+
+
+@pytest.mark.parametrize("faults", [{}, {"faults.transfer_failure_prob": 0.3,
+                                         "faults.max_retries": 1},
+                                    {"faults.instance_loss": [[0, 40.0]]}],
+                         ids=["plain", "failed-transfers", "instance-loss"])
+def test_decode_side_caching_keeps_every_invariant_and_holds_nothing_at_the_end(faults):
+    """A decode instance short of blocks (it preempts), with failed transfers or not: every
+    request ends once and its prefix cache holds no block at the end."""
+    from tests.builders import checked_simulate
+
+    trace = session_trace(SessionSpec(num_sessions=60, rate=2.0), seed=7)
+    config = make_config(**{"cluster.decode.max_batch_size": 32,
+                            "cluster.decode.max_num_blocks": 200,
+                            "cluster.decode.prefix_caching": True,
+                            "cluster.prefill.prefix_caching": True, **faults})
+    result = checked_simulate(config, trace)             # end check includes the cache
+    assert len(result.records) == len(trace)
+    assert result.summary["decode_prefix_cache_hit_tokens"] > 0
+    if not faults:
+        assert result.stats["decode_preemptions"][0] > 0
 
 
 # -- off changes nothing; on serves shared prefixes faster --------------------------------------

@@ -54,6 +54,10 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
         rows.append(("prefix cache hit rate", f"{percent(summary['prefix_cache_hit_rate'])} "
                      f"({summary['prefix_cache_hit_tokens']:,} of "
                      f"{summary['prefix_cache_query_tokens']:,} prompt tokens cached)"))
+    if "decode_prefix_cache_hit_rate" in summary:
+        rows.append(("decode prefix cache", f"{percent(summary['decode_prefix_cache_hit_rate'])}"
+                     f" of the prompt tokens pulled were on the decode side already (not "
+                     f"moved)"))
     rows += _offered_rows(summary)
     rows += _profile_rows(summary.get("profile"))
     for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
@@ -182,8 +186,9 @@ def add_parser(sub) -> None:
     p.add_argument("--oracle", action="store_true", help="iteration-by-iteration decode (slow)")
     p.add_argument("--prefix-caching", action="store_true",
                    help="keep prompts' KV blocks for prompts that share their prefix (the "
-                        "trace's hash_ids), on every prefill and aggregated instance "
-                        "(prefix_caching = true in [cluster.prefill] / [cluster.aggregated])")
+                        "trace's hash_ids) on every instance; a decode instance pulls only "
+                        "what it lacks (prefix_caching = true in [cluster.prefill], "
+                        "[cluster.decode], [cluster.aggregated])")
     p.add_argument("--show-config", action="store_true",
                    help="print every resolved setting and where it came from (the config "
                         "file, the device's default or the scenario's), then stop")

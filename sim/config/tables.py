@@ -59,8 +59,8 @@ class InstanceConfig:
     max_num_blocks: int | None = None   # KV blocks the engine allocates (TT vLLM's max_num_blocks)
     admission: str | None = None        # decode KV admission (policies.admission.ADMISSION)
     prefix_caching: bool | None = None  # keep prompts' KV blocks for later prompts sharing
-                                        # their prefix (sim.engine.prefix_cache); prefill and
-                                        # aggregated instances; default off
+                                        # their prefix (sim.engine.prefix_cache; a decode
+                                        # instance then pulls only what it lacks); default off
     role: str = "instance"
 
     def __post_init__(self) -> None:
@@ -140,13 +140,7 @@ def _check_admission(inst: InstanceConfig, w: str) -> None:
 
 
 def _check_prefix_caching(inst: InstanceConfig, w: str) -> None:
-    """A prefix cache is kept where prompts are computed: prefill and aggregated instances
-    (the decode side pulls the whole KV cache: ``sim.engine.prefix_cache``)."""
     _check_bool(w, "prefix_caching", inst.prefix_caching)
-    if inst.role == "decode" and inst.prefix_caching:
-        raise ConfigError(f"{w}.prefix_caching: the decode side keeps no prefix cache (it "
-                          f"pulls every request's whole KV cache); set it in "
-                          f"[cluster.prefill]")
 
 
 def _check_pairing(inst: InstanceConfig, w: str) -> None:

@@ -152,7 +152,7 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                           f"sim.runs.cells.run.simulate_cells (hawk simulate --cells); simulate() runs one "
                           f"router domain and would silently ignore the others")
     if stream is not None and any(getattr(config.cluster, role).prefix_caching
-                                  for role in ("prefill", "aggregated")
+                                  for role in ("prefill", "decode", "aggregated")
                                   if getattr(config.cluster, role, None) is not None):
         raise ConfigError("prefix_caching: a streamed run does not carry the trace's prefix "
                           "hashes; run it without streaming (--no-stream)")
@@ -189,6 +189,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                                              decode_blocks * cl.decode.block_size),
                               restore_time=parts.restore_time)
                for k in range(cl.decode.num_instances)]
+    for d in decodes if cl.decode.prefix_caching else ():   # pulls only what it lacks
+        d.prefix = make_cache(trace, decode_blocks * cl.decode.block_size)
     counter = [0]
 
     faulty = config.faults.active
@@ -284,6 +286,9 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     if caches:
         stats["prefix_cache"] = prefix_totals(caches)
         summary.update(prefix_summary(stats["prefix_cache"]))
+    if decodes[0].prefix is not None:
+        stats["decode_prefix_cache"] = prefix_totals([d.prefix for d in decodes])
+        summary.update(prefix_summary(stats["decode_prefix_cache"], "decode_"))
     if pool is not None:             # its stats first: the cost model prices every pool
         pools.add_pool(summary, stats, pool, config, float(env.now), records)
     summary.update(_power_and_cost(stats, summary, config,

@@ -23,7 +23,8 @@ general path too: a request's first pick admits it to the cache, and the tokens 
 not computed: a batch is priced as prompt chunks of the tokens past the hit, attending to the
 cached tokens (``mixed_step_time``). The batching policy still counts a hit's
 tokens against the token budget and the send buffer still holds all of a request's blocks
-(the cache's docstring says why). The decode side pulls the whole KV cache.
+(the cache's docstring says why). The decode side pulls the whole KV cache, unless it keeps a
+prefix cache of its own (``sim.engine.decode``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ blocks are freed in reverse order, so its tail blocks are evicted before its hea
 are freed first"). A hit is whole blocks within the first ``num_tokens - 1`` tokens
 (``kv_cache_manager.py``: ``max_cache_hit_length = request.num_tokens - 1``).
 
+A disaggregated decode instance may keep one too: it admits a request when it pulls its KV
+cache and pulls only the tokens past the hit (vLLM's P/D connectors count the blocks the
+decode side has computed before asking the prefill side for the rest).
+
 The protocol, for the instance that owns a cache:
 
 - ``admit(i, num_tokens)`` when request ``i`` is first scheduled (a prefill batch or an
@@ -151,9 +155,10 @@ def totals(caches) -> dict:
             "evictions": sum(c.num_evictions for c in caches)}
 
 
-def summary_of(total: dict) -> dict:
-    """The run's prefix-cache keys from ``totals``: tokens hit over prompt tokens admitted."""
+def summary_of(total: dict, side: str = "") -> dict:
+    """The run's prefix-cache keys from ``totals``: tokens hit over prompt tokens admitted
+    (``side`` "decode_": a decode side's, the tokens it did not pull)."""
     query, hit = total["query_tokens"], total["hit_tokens"]
-    return {"prefix_cache_hit_rate": hit / query if query else 0.0,
-            "prefix_cache_hit_tokens": hit, "prefix_cache_query_tokens": query,
-            "prefix_cache_evictions": total["evictions"]}
+    return {f"{side}prefix_cache_hit_rate": hit / query if query else 0.0,
+            f"{side}prefix_cache_hit_tokens": hit, f"{side}prefix_cache_query_tokens": query,
+            f"{side}prefix_cache_evictions": total["evictions"]}

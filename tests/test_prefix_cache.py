@@ -311,3 +311,8 @@ def test_a_streamed_run_with_prefix_caching_is_refused_by_name(tmp_path):
     config = from_dict(DISAGGREGATED)
     with pytest.raises(ConfigError, match=r"prefix_caching: a streamed run"):
         simulate(config, stream=Stream(tmp_path / "records.parquet"))
+
+
+def test_hash_ids_that_are_not_integers_are_refused_naming_the_row():
+    with pytest.raises(ValueError, match=r"row 1: hash_ids must be a list of integers"):
+        hashed_trace([0.0, 1.0], [10, 10], [1, 1], [(1,), ("x",)])

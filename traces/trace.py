@@ -140,7 +140,12 @@ def _set_hashes(trace: Trace, n: int) -> None:
         raise ValueError(f"trace {trace.name!r}: column hash_ids has {len(given)} rows, "
                          f"expected {n}")
     hashes = np.empty(n, dtype=object)
-    hashes[:] = [tuple(int(h) for h in ids) for ids in given]
+    for i, ids in enumerate(given):
+        try:
+            hashes[i] = tuple(int(h) for h in ids)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"trace {trace.name!r}: row {i}: hash_ids must be a list of "
+                             f"integers, got {ids!r:.60}") from None
     hashes.setflags(write=False)
     object.__setattr__(trace, "hash_ids", hashes)
 

@@ -1,4 +1,5 @@
-"""Data shipped with the package: the real Azure 2023 traces and the workloads' length tables.
+"""Data shipped with the package: the real Azure 2023 traces, a sample of Mooncake's
+conversation trace (with prefix block hashes) and the workloads' length tables.
 
 The files live in ``traces/data/`` (sources and licences in its ``NOTICE.md``) and are package
 data, so a fresh clone and an installed wheel both have them. ``data_path(name)`` is a bundled
@@ -11,8 +12,9 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-#: bundled request traces (timestamps + token counts), by file name
-TRACES = ("azure-llm-2023-conv.csv", "azure-llm-2023-code.csv")
+#: bundled request traces (timestamps + token counts; the Mooncake one with ``hash_ids``, so
+#: its prompts share prefixes), by file name
+TRACES = ("azure-llm-2023-conv.csv", "azure-llm-2023-code.csv", "mooncake-conversation.jsonl")
 #: bundled length tables (``input_tokens,output_tokens``), by file name
 LENGTH_TABLES = ("sharegpt-chatbot-lengths.csv", "arxiv-summarization-lengths.csv")
 
@@ -35,12 +37,12 @@ def resolve_trace(path) -> Path:
 
     An existing file always wins, and a path with a folder is never redirected, so
     ``--trace runs/azure-llm-2023-conv.csv`` still fails plainly when that file is missing.
-    The name may omit ``.csv`` (``azure-llm-2023-conv``).
+    The name may omit its suffix (``azure-llm-2023-conv``, ``mooncake-conversation``).
     """
     path = Path(path)
     if path.exists() or path.parent != Path("."):
         return path
     for name in TRACES:
-        if path.name in (name, name.removesuffix(".csv")):
+        if path.name in (name, Path(name).stem):
             return data_path(name)
     return path

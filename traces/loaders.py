@@ -54,6 +54,10 @@ __all__ = ["FORMATS", "ColumnMapping", "LoadReport", "TraceFormatError", "detect
 MAX_TOKENS = 10_000_000
 #: largest request id: ids are read as float64, which holds integers exactly up to 2**53
 MAX_REQUEST_ID = 2**53 - 1
+#: tokens per ``hash_ids`` block in Mooncake's traces ("The block size is 512 tokens":
+#: FAST25-release/README.md of github.com/kvcache-ai/Mooncake; each of the 12,031 rows of its
+#: conversation_trace.jsonl has ceil(input_length / 512) hash ids)
+MOONCAKE_BLOCK_SIZE = 512
 #: the coarsest float64 spacing an arrival instant may have at its magnitude (1 us)
 ARRIVAL_RESOLUTION_S = 1e-6
 
@@ -299,20 +303,33 @@ def _assemble(path: Path, fmt: str, raw: RawRows, values: dict, problems: list,
     ids = values["request_id"][keep] if "request_id" in values else raw.index[keep]
     check_unique(path, raw.unit, ids, raw.lines[keep], spec.request_id)
     tenant = tenants_of(raw)
+    hashes = hashes_of(raw, fmt)
     trace = Trace(seconds[order], values["num_prompt_tokens"][keep][order],
                   values["num_output_tokens"][keep][order], ids[order], name=path.stem,
-                  tenant=None if tenant is None else tenant[keep][order])
+                  tenant=None if tenant is None else tenant[keep][order],
+                  **({} if hashes is None else {"hash_ids": hashes[keep][order],
+                                               "hash_block_size": MOONCAKE_BLOCK_SIZE}))
     reasons: dict[str, int] = {}
     seen: set[int] = set()
     for line, name, why, _ in problems:
         if line not in seen:
             seen.add(line)
             reasons[f"{name}: {why}"] = reasons.get(f"{name}: {why}", 0) + 1
-    notes = ("hash_ids checked but not carried (the Trace has no prefix-hash column)",) \
-        if fmt == "mooncake" and "hash_ids" in raw.columns else ()
+    notes = (f"hash_ids carried: prefix blocks of {MOONCAKE_BLOCK_SIZE} tokens",) \
+        if hashes is not None else ()
     report = LoadReport(str(path), fmt, raw.num_rows, len(trace), len(seen), reasons,
                         num_filtered, num_reordered, origin, notes, read_to_end)
     return trace, report
+
+
+def hashes_of(raw: RawRows, fmt: str) -> np.ndarray | None:
+    """Each row's ``hash_ids`` as a tuple (a row without the key: no hashes), for a Mooncake
+    trace that has the column; else None."""
+    if fmt != "mooncake" or "hash_ids" not in raw.columns:
+        return None
+    hashes = np.empty(len(raw.lines), dtype=object)
+    hashes[:] = [tuple(ids) if isinstance(ids, list) else () for ids in raw.columns["hash_ids"]]
+    return hashes
 
 
 def tenants_of(raw: RawRows) -> np.ndarray | None:

@@ -12,6 +12,13 @@ token on, and each later token matches another prompt's with probability 1/V.
 taken from one shared seeded sequence (the same for every request), then its distinct part:
 a deliberate prefix-sharing workload for studying caching.
 
+A trace with prefix block hashes (``Trace.hash_ids``, blocks of ``hash_block_size`` tokens)
+says which prompts share what: ``prompt(i, n, hashes, block)`` builds block j of a prompt from
+the seeded sequence of its hash (block j of hash h: the same ``block`` tokens in every prompt
+that has h there; a last, partial block takes the first tokens of its hash's), so two prompts
+with the same leading hashes share exactly those tokens and an engine's prefix cache finds
+what the trace says it would. Tokens past the hashed blocks are the request's distinct ones.
+
 Vocabularies (``kind``):
 
 * ``words`` (default): ``WORDS``, common short English words, each one token in common BPE
@@ -105,9 +112,24 @@ class PromptMaker:
             0, size, num_tokens - k - 1)
         return np.concatenate([self._shared[:k], [first], rest]).astype(np.int64)
 
-    def prompt(self, index: int, num_tokens: int) -> str | list[int]:
-        """Text (``words``) or a list of token ids (``token_ids``)."""
-        tokens = self.tokens(index, num_tokens)
+    def hashed_tokens(self, index: int, num_tokens: int, hashes, block: int) -> np.ndarray:
+        """Vocabulary indices of a prompt built from its block hashes (module docstring)."""
+        size, seed, parts = self.spec.vocab_size, self.spec.seed, []
+        for j, h in enumerate(hashes[:-(-num_tokens // block)]):
+            n = min(block, num_tokens - j * block)
+            parts.append(np.random.default_rng([seed, 3, int(h) % 2**63]).integers(
+                0, size, block)[:n])
+        rest = num_tokens - sum(len(p) for p in parts)
+        if rest:
+            parts.append(self.tokens(index, rest))
+        return np.concatenate(parts).astype(np.int64)
+
+    def prompt(self, index: int, num_tokens: int, hashes=None,
+               block: int = 512) -> str | list[int]:
+        """Text (``words``) or a list of token ids (``token_ids``); from ``hashes`` (the
+        request's block hashes of ``block`` tokens) where given."""
+        tokens = (self.tokens(index, num_tokens) if hashes is None else
+                  self.hashed_tokens(index, num_tokens, hashes, block))
         if self.spec.kind == "words":
             return " ".join(WORDS[t] for t in tokens)
         return (tokens + self.spec.token_id_low).tolist()

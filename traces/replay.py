@@ -10,7 +10,8 @@ The response is read as server-sent events; each chunk with non-empty text is on
 
 Prompts (``traces.prompts``): seeded random words or token ids, distinct from their first
 token unless a shared-prefix ratio is asked for, so an engine's prefix cache does not skip the
-prefill being measured.
+prefill being measured; a trace with prefix block hashes (``Trace.hash_ids``, a Mooncake
+trace's) gets prompts that share exactly the blocks its hashes share.
 
 Token counts, exact wherever the engine offers a way, first that applies (the source is
 recorded per request as ``token_count_source``):
@@ -301,7 +302,9 @@ async def replay_async(trace: Trace, config: ReplayConfig) -> ReplayResult:
             delay = t0 + state.due_at - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = request_body(config, prompts.prompt(i, int(trace.num_prompt_tokens[i])),
+            hashes = None if trace.hash_ids is None else trace.hash_ids[i]
+            body = request_body(config, prompts.prompt(i, int(trace.num_prompt_tokens[i]),
+                                                       hashes, trace.hash_block_size),
                                 state.num_asked)
             tasks.append(loop.create_task(_send(http, config, body, state, t0)))
         await asyncio.gather(*tasks)

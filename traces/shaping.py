@@ -119,14 +119,16 @@ def window(trace: Trace, start_s: float = 0.0, end_s: float | None = None) -> Tr
         keep &= trace.arrival_at < end_s
     return Trace(trace.arrival_at[keep] - start_s, trace.num_prompt_tokens[keep],
                  trace.num_output_tokens[keep], trace.request_id[keep], name=trace.name,
-                 tenant=None if trace.tenant is None else trace.tenant[keep])
+                 tenant=None if trace.tenant is None else trace.tenant[keep],
+                 **trace.hashes_at(keep))
 
 
 def scale_rate(trace: Trace, factor: float) -> Trace:
     """The same requests with arrivals ``factor`` times as dense (2.0: twice as fast)."""
     _check_factor(factor)
     return Trace(trace.arrival_at / factor, trace.num_prompt_tokens, trace.num_output_tokens,
-                 trace.request_id, name=trace.name, tenant=trace.tenant)
+                 trace.request_id, name=trace.name, tenant=trace.tenant,
+                 **trace.hashes_at(slice(None)))
 
 
 def cap_lengths(trace: Trace, max_prompt_tokens: int | None = None,
@@ -145,8 +147,12 @@ def cap_lengths(trace: Trace, max_prompt_tokens: int | None = None,
     output = np.minimum(trace.num_output_tokens, max_output_tokens or np.iinfo(np.int64).max)
     counts = {"num_prompt_capped": int(prompt_over.sum()),
               "num_output_capped": int(output_over.sum())}
+    hashes = trace.hashes_at(slice(None))
+    if hashes:                  # a truncated prompt keeps the hashes of its blocks left
+        blocks = (-(-prompt // trace.hash_block_size)).tolist()
+        hashes["hash_ids"] = [ids[:b] for ids, b in zip(trace.hash_ids, blocks)]
     return Trace(trace.arrival_at, prompt, output, trace.request_id, name=trace.name,
-                 tenant=trace.tenant), counts
+                 tenant=trace.tenant, **hashes), counts
 
 
 def sample(trace: Trace, rng: np.random.Generator, fraction: float | None = None,

@@ -3,6 +3,13 @@
 Columns are numpy arrays of equal length, sorted by arrival. ``Trace`` is immutable; the
 shaping functions return new traces. Iterating yields ``Request`` objects for readability;
 the simulator reads the columns directly, which is what keeps it fast.
+
+Optional prefix hashes (``hash_ids``): per request a tuple of block hashes, one per
+``hash_block_size`` tokens of its prompt (the last block may be partial), as Mooncake's traces
+carry them (``hash_ids``, 512-token blocks: FAST25-release/README.md of
+github.com/kvcache-ai/Mooncake). Equal hashes at the same position are the same tokens and the
+same prefix before them, so their KV cache can be shared (``sim.engine.prefix_cache``). A trace
+without them is served as if every prompt were new.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ class Trace:
     request_id: np.ndarray          # [n] int64, unique
     name: str = "trace"
     tenant: np.ndarray | None = None  # [n] str (object): customer / application id, or None
+    hash_ids: np.ndarray | None = None  # [n] tuple of int (object): prefix block hashes, or None
+    hash_block_size: int = 512         # tokens per hash block (Mooncake's traces: 512)
 
     def __post_init__(self) -> None:
         arrays = {
@@ -47,6 +56,8 @@ class Trace:
                                  f"{tenant.shape}, expected ({n},)")
             tenant.setflags(write=False)
             object.__setattr__(self, "tenant", tenant)
+        if self.hash_ids is not None:
+            _set_hashes(self, n)
         _check(self.name, "arrival_at", arrays["arrival_at"],
                ~np.isfinite(arrays["arrival_at"]) | (arrays["arrival_at"] < 0),
                "finite and >= 0")
@@ -93,7 +104,15 @@ class Trace:
     def select(self, index) -> "Trace":
         return Trace(self.arrival_at[index], self.num_prompt_tokens[index],
                      self.num_output_tokens[index], self.request_id[index], name=self.name,
-                     tenant=None if self.tenant is None else self.tenant[index])
+                     tenant=None if self.tenant is None else self.tenant[index],
+                     **self.hashes_at(index))
+
+    def hashes_at(self, index) -> dict:
+        """The prefix-hash keywords of the rows at ``index`` (none when the trace has none),
+        for building a new trace of those rows."""
+        if self.hash_ids is None:
+            return {}
+        return {"hash_ids": self.hash_ids[index], "hash_block_size": self.hash_block_size}
 
     @property
     def duration_s(self) -> float:
@@ -108,6 +127,27 @@ class Trace:
         if self.tenant is not None:
             frame["tenant"] = self.tenant
         return frame
+
+
+def _set_hashes(trace: Trace, n: int) -> None:
+    """Hold ``hash_ids`` as a read-only object array of int tuples (hashes past a prompt's
+    last block are kept, and never looked up: ``sim.engine.prefix_cache``)."""
+    if not (isinstance(trace.hash_block_size, int) and trace.hash_block_size >= 1):
+        raise ValueError(f"trace {trace.name!r}: hash_block_size must be a whole number >= 1, "
+                         f"got {trace.hash_block_size!r}")
+    given = list(trace.hash_ids)
+    if len(given) != n:
+        raise ValueError(f"trace {trace.name!r}: column hash_ids has {len(given)} rows, "
+                         f"expected {n}")
+    hashes = np.empty(n, dtype=object)
+    for i, ids in enumerate(given):
+        try:
+            hashes[i] = tuple(int(h) for h in ids)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"trace {trace.name!r}: row {i}: hash_ids must be a list of "
+                             f"integers, got {ids!r:.60}") from None
+    hashes.setflags(write=False)
+    object.__setattr__(trace, "hash_ids", hashes)
 
 
 def _check(name: str, column: str, values: np.ndarray, bad: np.ndarray, allowed: str) -> None:

@@ -126,7 +126,7 @@ def scan(spec: TraceStream) -> Scan:
     if tally.spec.request_id:
         check_unique(path, counts["unit"], np.concatenate(counts["ids"]),
                       np.concatenate(counts["lines"]), tally.spec.request_id)
-    notes = ("hash_ids checked but not carried (the Trace has no prefix-hash column)",) \
+    notes = ("hash_ids checked but not carried: a streamed run has no prefix cache",) \
         if fmt == "mooncake" and "hash_ids" in tally.columns else ()
     report = LoadReport(str(path), fmt, tally.num_rows, tally.num_kept, tally.num_bad,
                         dict(tally.reasons), tally.num_filtered, counts["reordered"],

@@ -47,6 +47,11 @@ def config_from_args(args) -> RunConfig:
         changes["cells.count"] = args.cells
     if getattr(args, "cell_instances", None) is not None:
         changes["cells.instances"] = args.cell_instances
+    if getattr(args, "prefix_caching", False):   # every pool
+        kind = changes.get("cluster.kind", config.cluster.kind)
+        roles = (("prefill", "decode") if kind != "aggregated" else ()) + (
+            ("aggregated",) if kind != "disaggregated" else ())
+        changes.update({f"cluster.{role}.prefix_caching": True for role in roles})
     changes.update(policy_changes(getattr(args, "policy", None) or []))
     return config.replace(**changes) if changes else config
 

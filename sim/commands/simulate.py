@@ -50,6 +50,14 @@ def format_summary(summary: dict, config: RunConfig, trace_name: str | None = No
              ("simulated time (s)", _fmt(summary.get("simulated_time_s", math.nan))),
              ("wall time (s)", _fmt(summary.get("sim_wall_time_s", math.nan)))]
     rows += _capacity_rows(summary, cl.kind)
+    if "prefix_cache_hit_rate" in summary:   # prefix caching on (sim.engine.prefix_cache)
+        rows.append(("prefix cache hit rate", f"{percent(summary['prefix_cache_hit_rate'])} "
+                     f"({summary['prefix_cache_hit_tokens']:,} of "
+                     f"{summary['prefix_cache_query_tokens']:,} prompt tokens cached)"))
+    if "decode_prefix_cache_hit_rate" in summary:
+        rows.append(("decode prefix cache", f"{percent(summary['decode_prefix_cache_hit_rate'])}"
+                     f" of the prompt tokens pulled were on the decode side already (not "
+                     f"moved)"))
     rows += _offered_rows(summary)
     rows += _profile_rows(summary.get("profile"))
     for k, reason in enumerate(metrics.failure_reasons(summary["statuses"])):
@@ -176,6 +184,11 @@ def add_parser(sub) -> None:
     p.add_argument("--window", metavar="START:END",
                    help="seconds of the trace to keep (re-based to 0), before --rate-scale")
     p.add_argument("--oracle", action="store_true", help="iteration-by-iteration decode (slow)")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="keep prompts' KV blocks for prompts that share their prefix (the "
+                        "trace's hash_ids) on every instance; a decode instance pulls only "
+                        "what it lacks (prefix_caching = true in [cluster.prefill], "
+                        "[cluster.decode], [cluster.aggregated])")
     p.add_argument("--show-config", action="store_true",
                    help="print every resolved setting and where it came from (the config "
                         "file, the device's default or the scenario's), then stop")

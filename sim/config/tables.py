@@ -32,7 +32,8 @@ CLUSTER_KINDS = ("disaggregated", "aggregated", "both")
 #: the scenario's instance settings that do not depend on the device (docs/paper.md 5: TP4;
 #: 2,048 tokens per prefill iteration: vLLM V1's default on an A100, as in the paper profile)
 SCENARIO_ANY_DEVICE = {"tp": 4, "num_instances": 1, "max_batch_tokens": 2048,
-                       "kv_cache_gb": None, "admission": "on-demand-recompute"}
+                       "kv_cache_gb": None, "admission": "on-demand-recompute",
+                       "prefix_caching": False}
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class InstanceConfig:
                                         # decode: the KV pool)
     max_num_blocks: int | None = None   # KV blocks the engine allocates (TT vLLM's max_num_blocks)
     admission: str | None = None        # decode KV admission (policies.admission.ADMISSION)
+    prefix_caching: bool | None = None  # keep prompts' KV blocks for later prompts sharing
+                                        # their prefix (sim.engine.prefix_cache; a decode
+                                        # instance then pulls only what it lacks); default off
     role: str = "instance"
 
     def __post_init__(self) -> None:
@@ -78,6 +82,7 @@ class InstanceConfig:
         if self.max_num_blocks is not None:
             _check_range(w, "max_num_blocks", self.max_num_blocks, 0, 10**9, integer=True)
         _check_admission(self, w)
+        _check_prefix_caching(self, w)
         _check_pairing(self, w)
 
     @property
@@ -132,6 +137,10 @@ def _check_admission(inst: InstanceConfig, w: str) -> None:
         object.__setattr__(inst, "admission", None)
     else:
         _check_choice(w, "admission", inst.admission, ADMISSION)
+
+
+def _check_prefix_caching(inst: InstanceConfig, w: str) -> None:
+    _check_bool(w, "prefix_caching", inst.prefix_caching)
 
 
 def _check_pairing(inst: InstanceConfig, w: str) -> None:

@@ -32,6 +32,10 @@ Bookkeeping is O(1) per step, not per running request: every decoding request co
 token per step, so its computed tokens are ``base + it`` and it ends at a known step (a
 sorted list); the blocks a step starts are counted by ``base`` modulo the block size.
 
+Prefix caching (``prefix``, a ``sim.engine.prefix_cache.PrefixCache`` set by the pool, or
+None): a request admitted from the queue starts with its cached tokens computed (vLLM's
+``num_computed_tokens``), so its first chunk is the rest, attending to them.
+
 Records: ``prefill_start_at`` is the start of the step of its first chunk, ``prefill_end_at``
 = ``first_token_at`` the end of the step that first finished its prompt; no KV moves
 (``transfer_*_at`` NaN, ``kv_bytes`` 0); ``prefill_instance`` = ``decode_instance`` = this
@@ -92,6 +96,7 @@ class AggregatedInstance:
         self.horizon = None                   # its arrivals (next_arrival_at()), if ahead
         self._ahead_end = 0.0                 # the end of the latest run committed ahead
         self._planned = (-1, 0, 0)            # (it, steps, blocks) of the run last planned
+        self.prefix = None                    # its prefix cache, or None
 
     # -- what the router sees -------------------------------------------------------------
     @property
@@ -219,19 +224,22 @@ class AggregatedInstance:
                                        self.waiting)
         while waiting and budget and len(running) < self.max_batch_size:
             i = waiting.head()
-            n = min(prompt[i] + self.generated[i], budget)
-            need = -(-n // B)
+            h = 0 if self.prefix is None else self.prefix.peek(i, prompt[i] + self.generated[i])
+            n = min(prompt[i] + self.generated[i] - h, budget)
+            need = -(-(h + n) // B)
             if need > self.free_blocks:
                 return chunks, not chunks         # it waits for blocks a finish frees
             waiting.pop()
+            if self.prefix is not None:
+                self.prefix.admit(i, prompt[i] + self.generated[i])
             if i in self._preempted:
                 self._preempted.discard(i)
             else:                                 # its first step ever
                 self.ledger.prefill_start_at[i] = now
-            self.computed[i] = 0
+            self.computed[i] = h
             self.free_blocks -= need
             running.append(i)
-            chunks.append((i, n, 0))
+            chunks.append((i, n, h))
             budget -= n
         return chunks, not chunks
 
@@ -330,6 +338,8 @@ class AggregatedInstance:
         if ended:
             for i in ended:
                 ledger.finish(i, now)
+                if self.prefix is not None:
+                    self.prefix.release(i)
             if len(ended) == 1:
                 self.running.remove(ended[0])
             else:
@@ -357,6 +367,8 @@ class AggregatedInstance:
             self.generated[i] = c - self.ledger.prompt[i] + 1
         else:
             self.free_blocks += -(-self.computed.pop(i) // self.block_size)
+        if self.prefix is not None:
+            self.prefix.release(i)
         self._preempted.add(i)
         self.num_preemptions += 1
         self.waiting.add_first(i)
@@ -373,6 +385,8 @@ class AggregatedInstance:
             self._undecode(i)
         for c in self.computed.values():
             self.free_blocks += -(-c // self.block_size)
+        for i in self.running if self.prefix is not None else ():
+            self.prefix.release(i)
         for name in ("running", "waiting", "_finishing", "computed", "generated",
                      "_preempted"):
             getattr(self, name).clear()
@@ -400,4 +414,6 @@ class AggregatedInstance:
             out["blocks"] = self.num_blocks - self.free_blocks
         if any(self._residues) or self._base_sum:
             out["residues"] = sum(self._residues)
+        if self.prefix is not None and self.prefix.leaks():
+            out["prefix_cache"] = self.prefix.leaks()
         return out

@@ -25,6 +25,8 @@ from sim.engine.link import KVLink
 from sim.engine.memory import make_pool, pool_for
 from sim.models.predictor import Predictor, RooflinePredictor, load_profile
 from sim.engine.prefill import PrefillInstance
+from sim.engine.prefix_cache import make_cache, summary_of as prefix_summary, \
+    totals as prefix_totals
 from sim.engine.measured import SerialLink, measured_parts
 from sim.engine.router import Router
 from sim.engine.timers import run_events
@@ -149,6 +151,11 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
         raise ConfigError(f"cells.count = {config.cells.count}: a run of cells goes through "
                           f"sim.runs.cells.run.simulate_cells (hawk simulate --cells); simulate() runs one "
                           f"router domain and would silently ignore the others")
+    if stream is not None and any(getattr(config.cluster, role).prefix_caching
+                                  for role in ("prefill", "decode", "aggregated")
+                                  if getattr(config.cluster, role, None) is not None):
+        raise ConfigError("prefix_caching: a streamed run does not carry the trace's prefix "
+                          "hashes; run it without streaming (--no-stream)")
     if config.cluster.kind == "aggregated":      # no P/D pool (sim.engine.pools)
         return _simulate_aggregated(config, trace, until, predictors, stream)
     if stream is None:
@@ -182,6 +189,8 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                                              decode_blocks * cl.decode.block_size),
                               restore_time=parts.restore_time)
                for k in range(cl.decode.num_instances)]
+    for d in decodes if cl.decode.prefix_caching else ():   # pulls only what it lacks
+        d.prefix = make_cache(trace, decode_blocks * cl.decode.block_size)
     counter = [0]
 
     faulty = config.faults.active
@@ -206,7 +215,9 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                                 buffer_blocks=prefill_blocks, block_size=cl.prefill.block_size,
                                 on_prefilled=to_decode, pick=pick,
                                 fairness=make_fair(pol.tenant_weights, pol.priority_tenants)
-                                if make_fair else None)
+                                if make_fair else None,
+                                prefix=make_cache(trace, prefill_blocks * cl.prefill.block_size)
+                                if cl.prefill.prefix_caching else None)
                 for k in range(cl.prefill.num_instances)]
     for p in prefills:           # a host-staged save blocks the prefill engine (sim.models.transfer)
         p.save_time = getattr(pricing, "save_time", None)
@@ -271,6 +282,13 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
     slots = config.cluster.decode.num_instances * config.cluster.decode.max_batch_size
     occupancy = in_decode / slots
     summary.update(metrics.utilization(stats, float(env.now), occupancy))
+    caches = [p.prefix for p in prefills + (pool or []) if p.prefix is not None]
+    if caches:
+        stats["prefix_cache"] = prefix_totals(caches)
+        summary.update(prefix_summary(stats["prefix_cache"]))
+    if decodes[0].prefix is not None:
+        stats["decode_prefix_cache"] = prefix_totals([d.prefix for d in decodes])
+        summary.update(prefix_summary(stats["decode_prefix_cache"], "decode_"))
     if pool is not None:             # its stats first: the cost model prices every pool
         pools.add_pool(summary, stats, pool, config, float(env.now), records)
     summary.update(_power_and_cost(stats, summary, config,
@@ -324,6 +342,9 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
     stats = pools.pool_stats(pool, span)
     summary.update(metrics.utilization(stats, span))
     summary.update(pools.pool_use(stats, records, config, span))
+    if pool[0].prefix is not None:
+        stats["prefix_cache"] = prefix_totals([a.prefix for a in pool])
+        summary.update(prefix_summary(stats["prefix_cache"]))
     summary.update(_power_and_cost(stats, summary, config,
                                    m.tables if m is not None else None))
     if m is not None:

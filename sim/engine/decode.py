@@ -6,6 +6,8 @@ Flow of one request (Algorithm 1 of the paper, decode side):
    (``policies.admission``; on-demand blocks, preemption and restores: ``sim.engine.preemption``).
    A pool that has the room in total but cannot lay it out fails the request (out of memory).
 2. Pull: the transfer is priced by the mechanism (``sim.models.transfer``) and handed to the link.
+   With a prefix cache (``prefix``, ``sim.engine.prefix_cache``) the instance pulls only the
+   tokens past the blocks it already holds; its memory still reserves the whole prompt.
    A failed attempt (``sim.engine.faults``) is retried after a backoff, up to a limit.
    When the bytes have landed the prefill side frees its send buffer; the mechanism's after
    phase (host-to-device copy, re-layout) follows, during which a host-staged mechanism slows
@@ -96,6 +98,7 @@ class DecodeInstance:
         self.faults = None
         self.reroute = None                   # (request, source) -> None: another instance
         self.lost = False
+        self.prefix = None                    # its prefix cache (set by the cluster), or None
 
     def check(self, ended: bool = False) -> None:
         """Assert every invariant of the instance's state (``sim.engine.decode_state``);
@@ -194,7 +197,8 @@ class DecodeInstance:
                 preemption.after_reserving(self, now)
             if self.faults is not None:
                 pulls.in_flight[i] = source
-            cost = self.pricing.price(prompt[i])
+            hit = 0 if self.prefix is None else self.prefix.admit(i, prompt[i])
+            cost = self.pricing.price(prompt[i] - hit)    # what it lacks
             ledger.kv_bytes[i] = int(cost.wire_bytes)
             ledger.transfer_start_at[i] = now
             self.link.start(cost.before_s, cost.wire_bytes, self._arrived, (i, source, cost),
@@ -248,6 +252,8 @@ class DecodeInstance:
     def _finish(self, i: int, now: float) -> None:
         self.ledger.finish(i, now)
         self.memory.release(i)
+        if self.prefix is not None:
+            self.prefix.release(i)
         self.pulls.num_assigned -= 1
 
     def _host_change(self, delta: int) -> None:

@@ -134,6 +134,8 @@ def check_decode(d, ended: bool = False) -> None:
         assert pulls.num_assigned == queued == len(pulls.in_flight) == 0, "requests left"
         assert not (d.memory.blocks if held is None else held), "blocks left"
         assert d.lost or not (room.resume or room.preempted_at or pulls.num_failed), "left"
+        prefix = getattr(d, "prefix", None)
+        assert prefix is None or not prefix.leaks(), f"prefix cache holds {prefix.leaks()}"
     if d.lost:
         assert queued == pulls.num_assigned == 0 and batch.plan is None, "lost, yet holds"
         return

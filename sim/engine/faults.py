@@ -85,6 +85,8 @@ def transfer_failed(d, transfer: tuple) -> bool:
     d.ledger.fail(i, Status.FAILED_TRANSFER, now)
     source.release(i)
     d.memory.release(i)
+    if d.prefix is not None:
+        d.prefix.release(i)
     pulls.num_assigned -= 1
     if pulls.pending:
         d._pull()
@@ -129,6 +131,8 @@ def lose_instance(d) -> None:
     memory = d.memory
     for i in list(memory.held if hasattr(memory, "held") else memory.blocks):
         memory.release(i)
+    for i in list(d.prefix.held) if d.prefix is not None else ():
+        d.prefix.release(i)
     pulls.pending.clear(), pulls.in_flight.clear(), room.restoring.clear()
     batch.waiting.clear(), batch.running.clear()
     pulls.num_assigned = 0

@@ -21,6 +21,7 @@ import numpy as np
 from policies import resolve
 from sim.config import ConfigError, RunConfig
 from sim.engine.aggregated import AggregatedInstance
+from sim.engine.prefix_cache import make_cache
 from sim.engine.router import LazyArrivals, PoolRouter
 from sim.models.power import StepMeter
 
@@ -42,13 +43,16 @@ def aggregated_pool(env, config: RunConfig, ledger, predictor, blocks: int, trac
                 f"or choose a smaller kv_dtype")
     pol = cl.policies
     fair = None if pol.fairness == "fcfs" else resolve("fairness", pol.fairness)
-    return [AggregatedInstance(env, k, ledger, StepMeter(predictor),
+    pool = [AggregatedInstance(env, k, ledger, StepMeter(predictor),
                                max_batch_size=inst.max_batch_size,
                                max_batch_tokens=inst.max_batch_tokens, num_blocks=blocks,
                                block_size=inst.block_size, fast_forward=cl.fast_forward,
                                fairness=fair(pol.tenant_weights, pol.priority_tenants)
                                if fair else None, record_index=index_offset + k)
             for k in range(inst.num_instances)]
+    for a in pool if inst.prefix_caching else ():
+        a.prefix = make_cache(ledger.trace, blocks * inst.block_size)
+    return pool
 
 
 def start_arrivals(env, config: RunConfig, ledger, pool: list, max_context: int) -> None:

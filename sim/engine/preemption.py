@@ -153,6 +153,8 @@ def preempt(d, i: int, base: int, it: int) -> None:
     del running[bisect_left(running, (ledger.prompt[i] + ledger.output[i] - base, i))]
     batch.context_base -= base
     d.memory.release(i)
+    if d.prefix is not None:                 # its blocks may be evicted until it resumes
+        d.prefix.release(i)
     context = room.resume[i] = base + it
     room.preempted_at[i] = batch.boundary_at
     if d.admission.preemption == "swap":

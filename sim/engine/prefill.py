@@ -17,6 +17,14 @@ the policy's order. The policy's declared traits (``policies.batching.BatchingTr
 the fast paths, in arrival order only: whole prompts in order (FCFS) keep the head-of-queue
 fast path (``_take_fcfs``); prompts split in order (chunked prefill) take a lone queued
 request directly (``_take_chunked``). A policy that declares neither takes the general path.
+
+Prefix caching (``prefix``, a ``sim.engine.prefix_cache.PrefixCache``, or None) takes the
+general path too: a request's first pick admits it to the cache, and the tokens it hits are
+not computed: a batch is priced as prompt chunks of the tokens past the hit, attending to the
+cached tokens (``mixed_step_time``). The batching policy still counts a hit's
+tokens against the token budget and the send buffer still holds all of a request's blocks
+(the cache's docstring says why). The decode side pulls the whole KV cache, unless it keeps a
+prefix cache of its own (``sim.engine.decode``).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from sim.engine.timers import schedule_after
 class PrefillInstance:
     def __init__(self, env: simpy.Environment, index: int, ledger, predictor, *,
                  max_batch_size: int, max_batch_tokens: int, buffer_blocks: int,
-                 block_size: int, on_prefilled, pick=None, fairness=None):
+                 block_size: int, on_prefilled, pick=None, fairness=None, prefix=None):
         self.env, self.index, self.ledger, self.predictor = env, index, ledger, predictor
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
@@ -62,11 +70,13 @@ class PrefillInstance:
         # The batching policy (None: FCFS, ``fcfs_token_budget``) and what it promises
         # (``policies.batching.BatchingTraits``): in arrival order, a policy in order takes a
         # fast path; any other, or any in a fairness policy's order, the general path.
-        self.pick, self.fairness = pick, fairness
+        self.pick, self.fairness, self.prefix = pick, fairness, prefix
         self.traits = traits_of(pick or fcfs_token_budget)
-        if pick is not None or fairness is not None:
+        self._chunks: list = []           # (tokens past the hit, context before) of a batch
+        if pick is not None or fairness is not None or prefix is not None:
             self.done: dict[int, int] = {}   # request -> prompt tokens computed so far
             self.pick = pick or fcfs_token_budget
+        self._hits: dict[int, int] = {}   # request being prefilled -> its cached tokens
         if fairness is not None:          # else the deque: arrival order is serving order
             self.queue = []               # request indices in serving order
             self._keys: list = []         # their (fairness key, arrival count), sorted
@@ -79,7 +89,7 @@ class PrefillInstance:
         self._wakeup._ok, self._wakeup._value = True, None
         self._wakeup_callbacks = [self._done]
         self._take = self._take_general
-        if fairness is None and self.traits.in_order:
+        if fairness is None and prefix is None and self.traits.in_order:
             if not self.traits.splits_prompts:
                 self._take = self._take_fcfs
             elif max_batch_size > 0 and max_batch_tokens > 0:   # (a 0 budget picks nothing)
@@ -119,6 +129,8 @@ class PrefillInstance:
     def release(self, i: int) -> None:
         """The decode side has pulled request ``i``'s KV cache: free its send buffer."""
         self.free_blocks += -(-self.ledger.prompt[i] // self.block_size)   # blocks_for
+        if self.prefix is not None:
+            self.prefix.release(i)
         if not self._busy and self.queue:   # an idle, empty instance waits for an arrival
             if self.free_blocks >= self._blocked_on:
                 self._next_batch()
@@ -136,7 +148,8 @@ class PrefillInstance:
             return
         self._busy = True
         finished, lens, at = taken
-        duration = self.predictor.prefill_time(lens)
+        duration = (self.predictor.prefill_time(lens) if self.prefix is None else
+                    self.predictor.mixed_step_time(self._chunks, []))
         if self.save_time is not None:            # the batch ends when its KV is saved
             prompt = self.ledger.prompt
             duration += sum([self.save_time(prompt[i]) for i in finished])
@@ -225,6 +238,8 @@ class PrefillInstance:
                           self.free_blocks, self.block_size)
         if not picks:
             return None
+        if self.prefix is not None:
+            self._chunks = self._past_hits(picks)
         if len(picks) == 1 and self.fairness is None:   # the common batch below saturation
             (i, n), = picks
             return self._take_one(i, n, now)
@@ -260,6 +275,24 @@ class PrefillInstance:
                 self.fairness.served(keys[k][0])
                 del queue[k], keys[k]
         return finished, lens, at
+
+    def _past_hits(self, picks: list) -> list:
+        """The picks as (tokens computed, cached context) chunks: a request's first pick
+        admits it to the prefix cache, the tokens of a pick that it hit are skipped, and the
+        rest attend to the hit. (A chunk is priced without the request's earlier chunks as
+        context, as ``prefill_time`` prices it with no cache: with no hit, the same times.)"""
+        prefix, done, hits, chunks = self.prefix, self.done, self._hits, []
+        for i, n in picks:
+            c = done.get(i)
+            if c is None:
+                c, hits[i] = 0, prefix.admit(i, self.ledger.prompt[i])
+            h = hits[i]
+            start = c if c > h else h
+            if c + n > start:
+                chunks.append((c + n - start, h))
+            if c + n == self.ledger.prompt[i]:
+                del hits[i]
+        return chunks
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] spent in prefill batches, for ``t`` >= the latest batch's

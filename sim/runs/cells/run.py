@@ -339,6 +339,10 @@ def pooled_stats(config: RunConfig, jobs: list[CellJob], outcomes: list[CellOutc
     out["link_busy_s"] = max(c["link_busy_s"] for c in cells)      # busiest NIC
     out["link_bytes"] = sum(c["link_bytes"] for c in cells)
     out["failed_transfer_attempts"] = sum(c["failed_transfer_attempts"] for c in cells)
+    for key in ("prefix_cache", "decode_prefix_cache"):     # sim.engine.prefix_cache
+        caches = [c[key] for c in cells if key in c]
+        if caches:
+            out[key] = {k: sum(c[k] for c in caches) for k in caches[0]}
     return out
 
 

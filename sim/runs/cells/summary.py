@@ -172,5 +172,10 @@ def _whole_cluster(summary: dict, config, cluster, stats: dict, span_s: float,
     occupancy = decode_span_s / span_s / slots if span_s > 0 else math.nan
     summary.update(metrics.utilization(stats, span_s, occupancy))
     summary.update(_power_and_cost(stats, summary, cluster))   # both shapes (sim.models.power)
+    from sim.engine.prefix_cache import summary_of
+
+    for side in ("", "decode_"):
+        if f"{side}prefix_cache" in stats:
+            summary.update(summary_of(stats[f"{side}prefix_cache"], side))
     summary["config"] = provenance(config)
     return summary

@@ -37,25 +37,23 @@ def test_json_has_every_key(result, tmp_path, capsys):
         data["num_targets"]
 
 
-def test_devices_check_puts_published_figures_beside_the_model(capsys):
-    """hawk devices --check: every row has the model's value, the published one and its
-    source; none of these figures is a fit target."""
+def test_devices_check_under_the_paper_profile(capsys):
+    """hawk devices --check --profile paper: every published point gets the paper profile's
+    value beside it, the vLLM serving figures too; none of them is a paper fit target."""
     from sim.paper.calibrate import paper_targets
     from sim.commands.main import main
-    from sim.paper.devices_check import check
+    from sim.paper.devices_check import check, check_serving
 
-    rows = check("paper")
-    assert {r["device"] for r in rows} == {"p150a", "a100-pcie"}
-    for r in rows:
-        assert r["model"] > 0 and r["published"] > 0 and "tt-metal" in r["source"] or \
-            "vLLM" in r["source"]
-        assert r["ratio"] == pytest.approx(r["model"] / r["published"])
-    assert not {r["what"] for r in rows} & {t.name for t in paper_targets()}
-    assert main(["devices", "--check"]) == 0
+    rows, serving = check("paper"), check_serving("paper")
+    assert {r["device"] for r in rows} == {"a100-sxm", "h100-sxm", "p150a", "n300"}
+    assert all(r["model"] > 0 for r in rows) and all(r["model"] > 0 for r in serving)
+    for r in serving:
+        assert "vLLM" in r["source"] and r["error"] == pytest.approx(
+            r["model"] / r["measured"] - 1)
+    assert not {r["key"] for r in rows} & {t.name for t in paper_targets()}
+    assert main(["devices", "--check", "--profile", "paper"]) == 0
     out = capsys.readouterr().out
-    assert "tt-metal README" in out
-    assert "batch 32, context 192" in out and "prompt 128, batch 1" in out   # each row's setting
-    assert "ratio = model / published" in out
+    assert "vLLM TPOT at 1 req/s" in out and "profile 'paper'" in out
 
 
 def test_figure9_orderings(result):

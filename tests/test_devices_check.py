@@ -139,3 +139,12 @@ def test_cli_check_and_fit(capsys):
         "hawk devices: --device 'h300' has no fit plan; choose from "
         "['a100-sxm', 'h100-sxm', 'n300', 'p150a']")
     assert main(["devices"]) == 2
+
+
+def test_sensitivity_moves_only_the_phase_a_parameter_prices(n300_fit):
+    s = n300_fit["sensitivity"]
+    assert set(s) == set(n300_fit["fit"]["bounds"])
+    assert s["prefill_step_overhead_s"]["decode"] == 0.0 < s["prefill_step_overhead_s"][
+        "prefill"]
+    assert s["decode_per_seq_s"]["prefill"] == 0.0 < s["decode_per_seq_s"]["decode"]
+    assert all(max(m.values()) > 0.01 for m in s.values())     # each one moves a point

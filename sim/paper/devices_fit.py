@@ -227,6 +227,7 @@ def fit_device(device: str, loo: bool = True) -> dict:
     out = {"device": device, "num_points": len(points), "num_settings": num_settings,
            "num_free": len(PLANS[device][0]), "fit": full, "rows": rows,
            "rms_log_residual": math.sqrt(2.0 * full["cost"] / len(points))}
+    out["sensitivity"] = sensitivity(device, points, full)
     if loo:
         for i, row in enumerate(rows):
             rest = points[:i] + points[i + 1:]
@@ -235,4 +236,23 @@ def fit_device(device: str, loo: bool = True) -> dict:
             row["loo_model_s"] = float(held)
             row["loo_error"] = float(held / points[i].value_s - 1.0)
             row["loo_nfev"], row["loo_status"] = refit["nfev"], refit["status"]
+    return out
+
+
+def sensitivity(device: str, points: list[DevicePoint], fit: dict) -> dict[str, dict]:
+    """Per free parameter: the largest relative move of any prefill and any decode point's
+    model time when that parameter alone goes to its lower and to its upper bound (the
+    others at the fit). A parameter that moves nothing could be dropped."""
+    base = model_times(points, efficiency(device, fit["values"]))
+    phases = np.array([q.phase for q in points])
+    out = {}
+    for name, (lo, hi) in fit["bounds"].items():
+        moves = {"prefill": 0.0, "decode": 0.0}
+        for value in (lo, hi):
+            moved = model_times(points, efficiency(device, {**fit["values"], name: value}))
+            change = np.abs(moved / base - 1.0)
+            for phase in moves:
+                if (phases == phase).any():
+                    moves[phase] = max(moves[phase], float(change[phases == phase].max()))
+        out[name] = moves
     return out

@@ -60,6 +60,11 @@ def fit_lines(result: dict) -> list[str]:
                      f"start {f['start'][p.name]:.4g}{mark}  ({p.source})")
     for name, (value, reason) in fixed.items():
         lines.append(f"  {name:30s} {value!s:>11s}  fixed: {reason}")
+    lines.append("  sensitivity: the largest move of a point's model time with the parameter "
+                 "alone at either bound")
+    for name, moves in result["sensitivity"].items():
+        lines.append(f"    {name:30s} prefill {100 * moves['prefill']:7.1f}%   decode "
+                     f"{100 * moves['decode']:7.1f}%")
     lines.append(f"  {'point':52s} {'measured':>9s} {'fit':>9s} {'error':>7s} "
                  f"{'LOO':>9s} {'LOO err':>7s}")
     for r in result["rows"]:

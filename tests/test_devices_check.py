@@ -148,3 +148,23 @@ def test_sensitivity_moves_only_the_phase_a_parameter_prices(n300_fit):
         "prefill"]
     assert s["decode_per_seq_s"]["prefill"] == 0.0 < s["decode_per_seq_s"]["decode"]
     assert all(max(m.values()) > 0.01 for m in s.values())     # each one moves a point
+
+
+def test_check_json_and_the_paper_report_section(capsys):
+    import json
+
+    from sim.commands.main import main
+    from sim.paper.devices_report import devices_markdown, devices_summary
+
+    assert main(["devices", "--check", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["summary"] == summary(check("grounded"))
+    assert len(data["points"]) == len(device_points())
+    devices = devices_summary("paper")
+    assert list(devices["under_profile"])[-1] == "all"
+    lines = devices_markdown(devices)
+    p150 = next(line for line in lines if line.startswith("| p150a |"))
+    g, p = devices["under_grounded"]["p150a"], devices["under_profile"]["p150a"]
+    assert p150 == (f"| p150a | {p['points']} | {p['within']} | {100 * p['worst']:.0f}% | "
+                    f"{g['within']} | {100 * g['worst']:.0f}% |")
+    assert devices_markdown(None) == []

@@ -88,4 +88,4 @@ def summary(rows: list[dict]) -> dict:
             s["points"] += 1
             s["within"] += abs(r["error"]) <= TOLERANCE
             s["worst"] = max(s["worst"], abs(r["error"]))
-    return out
+    return {k: out[k] for k in sorted(out, key=lambda k: k == "all")}   # "all" last

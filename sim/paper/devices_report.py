@@ -107,3 +107,32 @@ def profile_toml(results: list[dict]) -> str:
             out.append(f"{name} = {text}  # fixed: {reason}")
         out.append("")
     return "\n".join(out)
+
+
+def devices_summary(profile: str) -> dict:
+    """``hawk paper``'s view of its devices: how many published points each device's
+    roofline reproduces within ``TOLERANCE`` under ``profile`` and under the grounded fit."""
+    from sim.paper.devices_check import check
+
+    return {"profile": profile, "tolerance": TOLERANCE,
+            "under_profile": summary(check(profile)),
+            "under_grounded": summary(check("grounded"))}
+
+
+def devices_markdown(devices: dict | None) -> list[str]:
+    """The report's section on the devices' published measurements (``devices_summary``)."""
+    if not devices:
+        return []
+    lines = ["", "## Devices against their published measurements", "",
+             f"Points within {100 * devices['tolerance']:.0f}% of Splitwise's and tt-metal's "
+             f"published steps (`hawk devices --check`), under profile `{devices['profile']}` "
+             "and under the grounded fit (`hawk devices --fit`).", "",
+             "| device | points | profile: within | profile: worst | grounded: within | "
+             "grounded: worst |", "|---|---|---|---|---|---|"]
+    grounded = devices["under_grounded"]
+    for device, s in devices["under_profile"].items():
+        g = grounded.get(device, {})
+        lines.append(f"| {device} | {s['points']} | {s['within']} | {100 * s['worst']:.0f}% | "
+                     f"{g.get('within', '-')} | "
+                     + (f"{100 * g['worst']:.0f}% |" if g else "- |"))
+    return lines

@@ -26,6 +26,7 @@ from sim.config import RunConfig
 from sim.engine.cluster import make_predictor
 from sim.paper.checks import TARGETS, checks
 from sim.models.predictor import load_profile_table
+from sim.paper.devices_report import devices_summary
 from sim.models.transfer import MECHANISMS, isolated_latency, pricing_for, transfer_params
 
 PROFILE = "paper"
@@ -225,6 +226,7 @@ def run_paper(quick: bool = False, workers: int | None = None, profile: str = PR
         out["efficiency"][workload] = efficiency(res)
     out["targets"] = TARGETS
     out["checks"] = checks(out)
+    out["devices"] = devices_summary(profile)
     out.update(fit_summary(out, profile))
     return out
 

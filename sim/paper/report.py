@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from sim.paper.devices_report import devices_markdown
+
 
 def rel_err(ours, paper) -> float:
     if ours is None or paper is None or not math.isfinite(paper) or paper == 0:
@@ -103,6 +105,7 @@ def markdown(result: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     lines += _checks_section(result)
     lines += _fit_section(result)
+    lines += devices_markdown(result.get("devices"))
     lines += ["", "## Figure 9: latency normalised to GG-Host", "",
               "| size (MB) | " + " | ".join(_mechs(result)) + " |",
               "|---|" + "---|" * len(_mechs(result))]

@@ -26,12 +26,18 @@ def test_json_has_every_key(result, tmp_path, capsys):
     for workload in ("chatbot", "summarization"):
         assert set(CONFIGS) <= set(data["knees"][workload])
         assert set(CONFIGS) <= set(data["throughput_at_knee"][workload])
+        steady = data["steady_throughput_at_knee"][workload]
+        assert set(CONFIGS) <= set(steady)
+        assert all(v > 0 for v in steady.values() if v is not None)
         assert {"power_ratio", "cost_ratio", "power_ratio_vs_ggh",
                 "cost_ratio_vs_ggh"} <= set(data["efficiency"][workload])
     assert {"size_mb", "mechanism", "latency_s", "normalized"} <= set(data["fig9"][0])
     assert {"prefill_ratio", "decode_ratio", "decode_power_ratio",
             "decode_cost_ratio"} <= set(data["table1"])
     assert (tmp_path / "report.md").exists() and (tmp_path / "fig9_transfer.png").exists()
+    assert data["devices"]["under_grounded"]["all"]["points"] > 0
+    assert "## Devices against their published measurements" in (
+        tmp_path / "report.md").read_text()
     assert data["free_parameters"] < data["num_targets"]
     assert set(data["residuals"]) == set(data["loo"]) and len(data["residuals"]) == \
         data["num_targets"]

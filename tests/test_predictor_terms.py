@@ -8,7 +8,8 @@ import pytest
 
 from hardware import catalog
 from sim.models.efficiency import Efficiency
-from sim.models.predictor import HostBoundRoofline, RooflinePredictor, roofline
+from sim.models.predictor import RooflinePredictor
+from sim.models.rooflines import HostBoundRoofline, roofline
 
 BASE = Efficiency(prefill_compute_efficiency=0.5, prefill_memory_efficiency=0.8,
                   decode_compute_efficiency=0.3, decode_memory_efficiency=0.6,

@@ -23,7 +23,8 @@ from sim.engine.decode import DecodeInstance
 from sim.engine.ledger import Ledger
 from sim.engine.link import KVLink
 from sim.engine.memory import make_pool, pool_for
-from sim.models.predictor import Predictor, load_profile, roofline
+from sim.models.predictor import Predictor, load_profile
+from sim.models.rooflines import roofline
 from sim.engine.prefill import PrefillInstance
 from sim.engine.measured import SerialLink, measured_parts
 from sim.engine.router import Router

@@ -28,7 +28,7 @@ class Efficiency:
     same stream after its matmul, as vLLM and tt-metal do); ``host_overlap``, whether the
     host's work of a step (``step_overhead_s`` or ``prefill_step_overhead_s``, and
     ``decode_per_seq_s`` per sequence) runs ahead of the device's, asynchronously, so that a
-    step takes the longer of the two (``sim.models.predictor.HostBoundRoofline``) instead of
+    step takes the longer of the two (``sim.models.rooflines.HostBoundRoofline``) instead of
     their sum."""
 
     prefill_compute_efficiency: float
@@ -86,8 +86,11 @@ _ZERO_DEFAULT = ("allreduce_bus_gb_s", "decode_attention_efficiency")
 def load_profile_table(name: str = "paper") -> dict:
     """The raw tables of profile ``name`` (``sim/profiles/<name>.toml``) or of a TOML path."""
     if name.endswith(".toml"):
-        with open(name, "rb") as f:
-            return tomllib.load(f)
+        try:
+            with open(name, "rb") as f:
+                return tomllib.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"profile file {name!r} not found") from None
     path = resources.files("sim").joinpath("profiles", f"{name}.toml")
     if not path.is_file():
         raise ValueError(f"unknown profile {name!r}")

@@ -17,9 +17,9 @@ Two predictors share one interface:
   Grounded terms (``sim.models.efficiency``; each defaults to leave the above unchanged): a
   prompt step's own fixed cost, its attention's own FLOPs rate, host work per decode sequence,
   a latency per ring step of each all-reduce, a share of the all-reduces hidden under the
-  roofline, and ``HostBoundRoofline`` for an engine whose host work runs ahead of the
-  devices: a step takes max(host, device) rather than their sum. ``roofline()`` picks the
-  class from the efficiency. Both engines price steps through the same methods
+  roofline, and ``sim.models.rooflines.HostBoundRoofline`` for an engine whose host work runs
+  ahead of the devices: a step takes max(host, device) rather than their sum
+  (``sim.models.rooflines.roofline`` picks the class from the efficiency). Both engines price steps through the same methods
   (``prefill_time``, ``decode_step_time``, ``mixed_step_time``), so every term reaches both.
 - ``TablePredictor`` (``sim.models.table``): interpolates measured points (prefill time
   vs batch tokens, decode step vs batch size and context), for calibration against the
@@ -386,39 +386,3 @@ def _sum_max_lines(p1: float, q1: float, p2: float, q2: float, k: int) -> float:
         return _sum_arith(p2, q2, 0, m) + _sum_arith(p1, q1, m, k)
     m = min(max(math.floor(cross) + 1, 0), k)    # line 1 wins for i <= cross
     return _sum_arith(p1, q1, 0, m) + _sum_arith(p2, q2, m, k)
-
-
-class HostBoundRoofline(RooflinePredictor):
-    """The roofline of an engine whose host work runs ahead of the devices (asynchronous
-    launches): a step takes max(host, device), host = the step overhead (+ per sequence in
-    decode), device = the roofline with its all-reduces. Decode sums take the generic
-    cumulative sum (the step is a maximum of three lines, not two)."""
-
-    def _step(self, device: float, host: float) -> float:
-        return device if device > host else host
-
-    def _decode_const(self, comm: float, batch: int) -> float:
-        return comm                                   # the host is the other side of max()
-
-    def decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:
-        return np.maximum(self._decode_host(batch), super().decode_step_times(batch, contexts))
-
-    def decode_step_time(self, batch: int, context: int) -> float:
-        return max(self._decode_host(batch), super().decode_step_time(batch, context))
-
-    def decode_time(self, batch: int, context: int, steps: int) -> float:
-        return Predictor.decode_time(self, batch, context, steps)
-
-    def decode_steps_within(self, batch: int, context: int, steps: int, elapsed: float) -> int:
-        return Predictor.decode_steps_within(self, batch, context, steps, elapsed)
-
-    def decode_next_boundary(self, batch: int, context: int, steps: int,
-                             elapsed: float) -> tuple[int, float]:
-        return Predictor.decode_next_boundary(self, batch, context, steps, elapsed)
-
-
-def roofline(model: ModelSpec, device: DeviceSpec, tp: int, efficiency: Efficiency,
-             weight_format: str = "bfloat16", kv_dtype: str = "bfloat16") -> RooflinePredictor:
-    """The roofline predictor for ``efficiency``: host-bound when its host work overlaps."""
-    cls = HostBoundRoofline if efficiency.host_overlap else RooflinePredictor
-    return cls(model, device, tp, efficiency, weight_format, kv_dtype)

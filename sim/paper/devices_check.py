@@ -53,7 +53,7 @@ def check(profile: str = "grounded") -> list[dict]:
 def check_serving(profile: str = "grounded") -> list[dict]:
     """The serving figures (``SERVING``) under ``profile``'s devices, where it has them."""
     from hardware import catalog
-    from sim.models.predictor import roofline
+    from sim.models.rooflines import roofline
 
     effs = load_profile(profile)
     rows = []

@@ -22,7 +22,7 @@ import numpy as np
 
 from hardware import catalog
 from sim.models.efficiency import Efficiency
-from sim.models.predictor import RooflinePredictor, roofline
+from sim.models.rooflines import roofline
 from sim.paper.device_points import DevicePoint, device_points
 
 

@@ -29,6 +29,7 @@ from sim.engine.cluster import make_predictor
 from sim.paper.checks import TARGETS, checks
 from sim.models.predictor import load_profile_table
 from sim.paper.devices_report import devices_summary
+from sim.paper.sensitivity_table import load as sensitivity_table
 from traces import metrics
 from sim.models.transfer import MECHANISMS, isolated_latency, pricing_for, transfer_params
 
@@ -239,6 +240,7 @@ def run_paper(quick: bool = False, workers: int | None = None, profile: str = PR
     out["targets"] = TARGETS
     out["checks"] = checks(out)
     out["devices"] = devices_summary(profile)
+    out["sensitivity"] = sensitivity_table(profile)
     out.update(fit_summary(out, profile))
     return out
 

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from sim.paper.devices_report import devices_markdown
+from sim.paper.sensitivity_table import sensitivity_markdown
 
 
 def rel_err(ours, paper) -> float:
@@ -106,6 +107,7 @@ def markdown(result: dict) -> str:
     lines += _checks_section(result)
     lines += _fit_section(result)
     lines += devices_markdown(result.get("devices"))
+    lines += sensitivity_markdown(result.get("sensitivity"))
     lines += ["", "## Figure 9: latency normalised to GG-Host", "",
               "| size (MB) | " + " | ".join(_mechs(result)) + " |",
               "|---|" + "---|" * len(_mechs(result))]

@@ -176,7 +176,7 @@ def fit_points(device: str, points: list[DevicePoint]) -> dict:
     start = np.full(len(params), u0)
     fitted = values(result.x)
     at_bound = [p.name for i, p in enumerate(params)
-                if result.x[i] < 1e-6 or result.x[i] > 1 - 1e-6]
+                if result.x[i] < 0.01 or result.x[i] > 0.99]   # within 1% of the range
     # a parameter the points do not move (a zero column of the Jacobian at the optimum) is
     # not identified: it stays where it started and counts in no degree of freedom
     column = np.linalg.norm(result.jac, axis=0)

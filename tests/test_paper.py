@@ -26,36 +26,40 @@ def test_json_has_every_key(result, tmp_path, capsys):
     for workload in ("chatbot", "summarization"):
         assert set(CONFIGS) <= set(data["knees"][workload])
         assert set(CONFIGS) <= set(data["throughput_at_knee"][workload])
+        steady = data["steady_throughput_at_knee"][workload]
+        assert set(CONFIGS) <= set(steady)
+        assert all(v > 0 for v in steady.values() if v is not None)
         assert {"power_ratio", "cost_ratio", "power_ratio_vs_ggh",
                 "cost_ratio_vs_ggh"} <= set(data["efficiency"][workload])
     assert {"size_mb", "mechanism", "latency_s", "normalized"} <= set(data["fig9"][0])
     assert {"prefill_ratio", "decode_ratio", "decode_power_ratio",
             "decode_cost_ratio"} <= set(data["table1"])
     assert (tmp_path / "report.md").exists() and (tmp_path / "fig9_transfer.png").exists()
+    assert data["devices"]["under_grounded"]["all"]["points"] > 0
+    assert "## Devices against their published measurements" in (
+        tmp_path / "report.md").read_text()
     assert data["free_parameters"] < data["num_targets"]
     assert set(data["residuals"]) == set(data["loo"]) and len(data["residuals"]) == \
         data["num_targets"]
 
 
-def test_devices_check_puts_published_figures_beside_the_model(capsys):
-    """hawk devices --check: every row has the model's value, the published one and its
-    source; none of these figures is a fit target."""
+def test_devices_check_under_the_paper_profile(capsys):
+    """hawk devices --check --profile paper: every published point gets the paper profile's
+    value beside it, the vLLM serving figures too; none of them is a paper fit target."""
     from sim.paper.calibrate import paper_targets
     from sim.commands.main import main
-    from sim.paper.devices_check import check
+    from sim.paper.devices_check import check, check_serving
 
-    rows = check("paper")
-    assert {r["device"] for r in rows} == {"p150a", "a100-pcie"}
-    for r in rows:
-        assert r["model"] > 0 and r["published"] > 0 and "tt-metal" in r["source"] or \
-            "vLLM" in r["source"]
-        assert r["ratio"] == pytest.approx(r["model"] / r["published"])
-    assert not {r["what"] for r in rows} & {t.name for t in paper_targets()}
-    assert main(["devices", "--check"]) == 0
+    rows, serving = check("paper"), check_serving("paper")
+    assert {r["device"] for r in rows} == {"a100-sxm", "h100-sxm", "p150a", "n300"}
+    assert all(r["model"] > 0 for r in rows) and all(r["model"] > 0 for r in serving)
+    for r in serving:
+        assert "vLLM" in r["source"] and r["error"] == pytest.approx(
+            r["model"] / r["measured"] - 1)
+    assert not {r["key"] for r in rows} & {t.name for t in paper_targets()}
+    assert main(["devices", "--check", "--profile", "paper"]) == 0
     out = capsys.readouterr().out
-    assert "tt-metal README" in out
-    assert "batch 32, context 192" in out and "prompt 128, batch 1" in out   # each row's setting
-    assert "ratio = model / published" in out
+    assert "vLLM TPOT at 1 req/s" in out and "profile 'paper'" in out
 
 
 def test_figure9_orderings(result):

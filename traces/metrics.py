@@ -9,6 +9,10 @@ tokens delivered.
 - SLO attainment = share of *all* arrived requests with status ``ok`` meeting both the TTFT
   and the TPOT SLO (failed, rejected and unfinished requests count as misses).
 - Output throughput = tokens delivered by ok requests / (last completion - first arrival).
+- Steady-state output throughput = tokens delivered by ok requests inside the window between
+  the arrivals' ``trim`` and 1 - ``trim`` quantiles, / the window's length: the start's ramp
+  and the end's drain left out, so it does not move with the run's length. A request delivers
+  its first token at f_r and the other n_r - 1 evenly over (f_r, c_r].
 - Goodput = the highest rate with attainment >= target (``knee``, over a sweep's points;
   searched by simulation in ``sim.runs.knee``).
 - TTFT by stage, for ok requests: queueing (prefill_start - a), prefill (prefill_end -
@@ -100,6 +104,29 @@ def output_tokens_per_s(frame) -> float:
     span = float(np.nanmax(frame["finished_at"].to_numpy()[ok]) - frame["arrival_at"].min())
     tokens = float(frame["num_generated_tokens"].to_numpy()[ok].sum())
     return tokens / span if span > 0 else math.nan
+
+
+def steady_output_tokens_per_s(frame, trim: float = 0.1) -> float:
+    """Tokens delivered by ok requests per second inside the steady window (the arrivals'
+    ``trim`` to 1 - ``trim`` quantiles); NaN when the window is empty."""
+    if not 0.0 <= trim < 0.5:
+        raise ValueError(f"trim = {trim} must be in [0, 0.5)")
+    if len(frame) == 0:
+        return math.nan
+    lo, hi = np.quantile(frame["arrival_at"].to_numpy(), [trim, 1.0 - trim])
+    if not hi > lo:
+        return math.nan
+    ok = ok_mask(frame)
+    first = frame["first_token_at"].to_numpy()[ok]
+    done = frame["finished_at"].to_numpy()[ok]
+    n = frame["num_generated_tokens"].to_numpy()[ok].astype(float)
+    tokens = ((first >= lo) & (first <= hi)).astype(float)
+    span = done - first
+    inside = np.clip(np.minimum(done, hi) - np.maximum(first, lo), 0.0, None)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(span > 0, inside / span, ((done > lo) & (done <= hi)).astype(float))
+    tokens += np.where(n > 1, (n - 1) * share, 0.0)
+    return float(tokens.sum() / (hi - lo))
 
 
 def percentiles(values: np.ndarray, qs=PERCENTILES) -> dict[int, float]:

@@ -36,7 +36,7 @@ COMMANDS = (
     ("paper", "sim.commands.paper", "reproduce the paper's results (paper profile)"),
     ("calibrate", "sim.commands.calibrate", "fit the profile's free parameters to the paper's "
      "targets, or to a measured profile (--profile DIR)"),
-    ("devices", "sim.commands.devices", "devices under the profile's model"),
+    ("devices", "sim.commands.devices", "devices against their published measurements"),
     ("validate", "sim.commands.validate", "the real mode vs the simulator on a measured "
      "profile, on the same requests at a light load and near the knee"),
     ("profile", "sim.commands.profile", "measure a live OpenAI-compatible engine (vLLM) from "

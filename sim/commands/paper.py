@@ -4,6 +4,8 @@
     hawk paper --quick         reduced settings (fewer rates, requests and seeds)
     hawk paper --json          one JSON object (knees, throughput_at_knee, efficiency, fig9, table1)
     hawk paper --out DIR       also writes DIR/report.md and the PNG plots
+    hawk paper --sensitivity   each fitted parameter across its bounds: how far every figure
+                               moves (sim/profiles/paper_sensitivity.toml, then the report's)
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", type=Path, help="write report.md and plots into this folder")
     p.add_argument("--quick", action="store_true", help="reduced settings (for CI)")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="move each fitted parameter alone to either bound, measure every "
+                        "figure's move, write sim/profiles/paper_sensitivity.toml (the "
+                        "report's sensitivity table) and stop")
     add_workers(p, "parallel processes for the sweeps")
     add_max_wall(p)
     p.set_defaults(func=run)
@@ -57,6 +63,8 @@ def run(args) -> int:
     from sim.paper.experiments import run_paper
     from sim.paper import report
 
+    if args.sensitivity:
+        return _sensitivity(args)
     if args.out is not None:
         writable_dir(args.out)
     _announce(args)
@@ -71,4 +79,20 @@ def run(args) -> int:
     print(report.text(result))
     if args.out is not None:
         print(f"report: {args.out / 'report.md'}")
+    return 0
+
+
+def _sensitivity(args) -> int:
+    """``--sensitivity``: the table on the fit's reduced sweeps, written beside the profile."""
+    from sim.paper import sensitivity as sens
+    from sim.paper.calibrate import PROFILE_DIR
+
+    result = sens.sensitivity("paper", workers=args.workers or 2)
+    path = PROFILE_DIR / "paper_sensitivity.toml"
+    path.write_text(sens.to_toml(result))
+    if args.json:
+        print(dumps(_clean(result)))
+    else:
+        print("\n".join(sens.sensitivity_markdown(sens.load("paper"))))
+        print(f"wrote {path}")
     return 0

@@ -23,7 +23,8 @@ from sim.engine.decode import DecodeInstance
 from sim.engine.ledger import Ledger
 from sim.engine.link import KVLink
 from sim.engine.memory import make_pool, pool_for
-from sim.models.predictor import Predictor, RooflinePredictor, load_profile
+from sim.models.predictor import Predictor, load_profile
+from sim.models.rooflines import roofline
 from sim.engine.prefill import PrefillInstance
 from sim.engine.prefix_cache import make_cache, summary_of as prefix_summary, \
     totals as prefix_totals
@@ -51,8 +52,8 @@ def make_predictor(config: RunConfig, inst: InstanceConfig) -> Predictor:
     if inst.device not in profile:
         raise ConfigError(f"profile {cluster.profile!r} has no efficiency table for device "
                           f"{inst.device!r}")
-    return RooflinePredictor(catalog.model(cluster.model), catalog.device(inst.device), inst.tp,
-                             profile[inst.device], inst.weight_format, inst.kv_dtype)
+    return roofline(catalog.model(cluster.model), catalog.device(inst.device), inst.tp,
+                    profile[inst.device], inst.weight_format, inst.kv_dtype)
 
 
 def kv_capacity_blocks(config: RunConfig, inst: InstanceConfig) -> int:

@@ -14,6 +14,13 @@ Two predictors share one interface:
   the all-reduces' latency) + max(compute, weights read once + every request's KV read at
   ``decode_attention_efficiency`` of bandwidth), so its time grows with the batch and with
   each request's context.
+  Grounded terms (``sim.models.efficiency``; each defaults to leave the above unchanged): a
+  prompt step's own fixed cost, its attention's own FLOPs rate, host work per decode sequence,
+  a latency per ring step of each all-reduce, a share of the all-reduces hidden under the
+  roofline, and ``sim.models.rooflines.HostBoundRoofline`` for an engine whose host work runs
+  ahead of the devices: a step takes max(host, device) rather than their sum
+  (``sim.models.rooflines.roofline`` picks the class from the efficiency). Both engines price steps through the same methods
+  (``prefill_time``, ``decode_step_time``, ``mixed_step_time``), so every term reaches both.
 - ``TablePredictor`` (``sim.models.table``): interpolates measured points (prefill time
   vs batch tokens, decode step vs batch size and context), for calibration against the
   real mode.
@@ -32,69 +39,12 @@ from __future__ import annotations
 
 import math
 from math import ceil, sqrt
-from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 from typing import Sequence
 
 import numpy as np
 
 from hardware.catalog import DeviceSpec, ModelSpec
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """Named efficiency factors of one device (a profile file's table)."""
-
-    prefill_compute_efficiency: float
-    prefill_memory_efficiency: float
-    decode_compute_efficiency: float
-    decode_memory_efficiency: float
-    step_overhead_s: float
-    allreduce_latency_s: float
-    allreduce_bus_gb_s: float = 0.0          # ring all-reduce bus bandwidth; 0: the catalog's
-                                             # tp_link_gb_s
-    decode_attention_efficiency: float = 0.0  # KV reads in decode attention; 0: as the weights
-                                             # (decode_memory_efficiency)
-
-    def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if name in ("allreduce_bus_gb_s", "decode_attention_efficiency"):
-                if not (isinstance(value, (int, float)) and 0.0 <= value <= 1e4):
-                    raise ValueError(f"profile: {name} = {value} must be >= 0 (0: the default)")
-                if name.endswith("efficiency") and value > 1.0:
-                    raise ValueError(f"profile: {name} = {value} must be in (0, 1]")
-                continue
-            if name.endswith("efficiency") and not 0.0 < value <= 1.0:
-                raise ValueError(f"profile: {name} = {value} must be in (0, 1]")
-            if not name.endswith("efficiency") and not 0.0 <= value <= 10.0:
-                raise ValueError(f"profile: {name} = {value} must be in [0, 10] seconds")
-
-
-@lru_cache(maxsize=None)
-def load_profile_table(name: str = "paper") -> dict:
-    """The raw tables of profile ``name`` (``sim/profiles/<name>.toml``) or of a TOML path."""
-    if name.endswith(".toml"):
-        with open(name, "rb") as f:
-            return tomllib.load(f)
-    path = resources.files("sim").joinpath("profiles", f"{name}.toml")
-    if not path.is_file():
-        raise ValueError(f"unknown profile {name!r}")
-    return tomllib.loads(path.read_text())
-
-
-def load_profile(name: str = "paper") -> dict[str, Efficiency]:
-    """Efficiency factors per device key: the ``[efficiency.<device>]`` tables of a profile."""
-    table = load_profile_table(name).get("efficiency", {})
-    fields = Efficiency.__dataclass_fields__
-    return {key: Efficiency(**{k: v for k, v in value.items() if k in fields})
-            for key, value in table.items()}
-
+from sim.models.efficiency import Efficiency, load_profile, load_profile_table  # noqa: F401
 
 #: How an engine lays out a batch: ``none``, each sequence costs its own tokens (a batch is
 #: priced by its summed prompt tokens, a decode step by its total context); ``longest``, every
@@ -184,6 +134,12 @@ class RooflinePredictor(Predictor):
         self._attn_bytes_rate = bandwidth * (efficiency.decode_attention_efficiency
                                              or efficiency.decode_memory_efficiency)
         self._link = (efficiency.allreduce_bus_gb_s or device.tp_link_gb_s) * 1e9
+        attn_eff = efficiency.prefill_attention_efficiency
+        self._prefill_attn_rate = None if attn_eff is None else peak * attn_eff
+        self._prefill_overhead = efficiency.prefill_overhead_s
+        # per all-reduce: its own latency + one hop latency per ring step (+ 0.0: the same float)
+        self._allreduce_latency = (efficiency.allreduce_latency_s
+                                   + 2.0 * (tp - 1) * efficiency.allreduce_hop_latency_s)
         self._lines: dict[int, tuple[float, float, float, float, float]] = {}
         # batch -> (const, m0, m1, m1 * batch, a, 2a, 4a with a = m1 * batch / 2) when the
         # memory line wins every step at any context >= 0 (m0 >= c0 and m1 >= c1: rounding is
@@ -205,12 +161,31 @@ class RooflinePredictor(Predictor):
 
     def allreduce_time(self, tokens: int) -> float:
         """Two ring all-reduces per layer of ``tokens`` x hidden bf16 activations: each moves
-        2 (tp - 1) / tp of the message at the bus bandwidth, plus its latency."""
+        2 (tp - 1) / tp of the message at the bus bandwidth, plus its latency and one hop
+        latency per ring step."""
         if self.tp == 1:
             return 0.0
         message = tokens * self.model.hidden_size * 2.0
         ring = self._ring_share * message / self._link
-        return self._num_allreduces * (self.eff.allreduce_latency_s + ring)
+        return self._num_allreduces * (self._allreduce_latency + ring)
+
+    def _with_allreduce(self, roof: float, tokens: int) -> float:
+        """The roofline plus the step's all-reduces, less the share hidden under the roofline
+        (``allreduce_overlap``; 0: they add, as issued on the compute stream)."""
+        if self.tp == 1:
+            return roof
+        comm = self.allreduce_time(tokens)
+        overlap = self.eff.allreduce_overlap
+        if overlap:
+            return roof + comm - overlap * (comm if comm < roof else roof)
+        return roof + comm
+
+    def _prefill_compute(self, linear_flops: float, attn_flops: float) -> float:
+        """Seconds of a prompt batch's FLOPs: the linear layers' and the causal attention's,
+        one rate for both unless ``prefill_attention_efficiency`` gives attention its own."""
+        if self._prefill_attn_rate is None:
+            return (linear_flops + attn_flops) / self._prefill_flops_rate
+        return linear_flops / self._prefill_flops_rate + attn_flops / self._prefill_attn_rate
 
     def prefill_time(self, prompt_lens: Sequence[int]) -> float:
         if len(prompt_lens) == 1:                      # the common batch at moderate load
@@ -227,14 +202,17 @@ class RooflinePredictor(Predictor):
         """A batch of ``num_prompts`` prompts, ``tokens`` in all, with ``twice_pairs`` / 2
         causal attention pairs."""
         total = float(tokens)
-        flops = (self._body_flops_per_token * total + self._lm_head_flops * num_prompts
-                 + self._attn_flops_per_ctx * float(twice_pairs // 2))
-        nbytes = self._weights + self._kv_per_token * total
-        compute, memory = flops / self._prefill_flops_rate, nbytes / self._prefill_bytes_rate
+        compute = self._prefill_compute(
+            self._body_flops_per_token * total + self._lm_head_flops * num_prompts,
+            self._attn_flops_per_ctx * float(twice_pairs // 2))
+        memory = (self._weights + self._kv_per_token * total) / self._prefill_bytes_rate
         roof = memory if memory > compute else compute                  # max(), no call
-        if self.tp > 1:
-            roof += self.allreduce_time(int(tokens))
-        return roof + self.eff.step_overhead_s
+        return self._step(self._with_allreduce(roof, int(tokens)), self._prefill_overhead)
+
+    def _step(self, device: float, host: float) -> float:
+        """A step of ``device`` seconds on the devices and ``host`` seconds of host work: they
+        add (the host prepares, then launches and waits)."""
+        return device + host
 
     def mixed_step_time(self, prefill_chunks: Sequence[tuple[int, int]],
                         decode_contexts: Sequence[int]) -> float:
@@ -260,19 +238,21 @@ class RooflinePredictor(Predictor):
         twice_pairs = sum([n * (2 * c + n + 1) for n, c in prefill_chunks])
         context_read = sum([c for _, c in prefill_chunks])
         total = float(tokens)
-        flops = (self._body_flops_per_token * total + self._lm_head_flops * len(prefill_chunks)
-                 + self._attn_flops_per_ctx * float(twice_pairs // 2))
+        compute = self._prefill_compute(
+            self._body_flops_per_token * total + self._lm_head_flops * len(prefill_chunks),
+            self._attn_flops_per_ctx * float(twice_pairs // 2))
         nbytes = self._weights + self._kv_per_token * (total + context_read)
-        compute, memory = flops / self._prefill_flops_rate, nbytes / self._prefill_bytes_rate
+        memory = nbytes / self._prefill_bytes_rate
+        overhead = self._prefill_overhead
         if batch:
             _, c0, c1, _, m1 = self._decode_lines(batch)
             context = float(sum(decode_contexts))
             compute += c0 + c1 * context
             memory += m1 * context
+            overhead += self.eff.decode_per_seq_s * batch
         roof = memory if memory > compute else compute
-        if self.tp > 1:
-            roof += self.allreduce_time(int(tokens) + batch)
-        return roof + self.eff.step_overhead_s, compute >= memory
+        return (self._step(self._with_allreduce(roof, int(tokens) + batch), overhead),
+                compute >= memory)
 
     def _decode_lines(self, batch: int) -> tuple[float, float, float, float, float]:
         """Step time = const + max(c0 + c1 * context, m0 + m1 * context), cached per batch."""
@@ -299,8 +279,19 @@ class RooflinePredictor(Predictor):
         c1 = self._attn_flops_per_ctx / self._decode_flops_rate
         m0 = self.decode_weight_bytes(batch) / self._decode_bytes_rate
         m1 = self._kv_per_token / self._attn_bytes_rate
-        const = self.allreduce_time(batch) + self.eff.step_overhead_s
-        return const, c0, c1, m0, m1
+        comm = self.allreduce_time(batch)
+        if self.eff.allreduce_overlap:        # hidden under the step, at most its weight read
+            comm -= self.eff.allreduce_overlap * (comm if comm < m0 else m0)
+        return self._decode_const(comm, batch), c0, c1, m0, m1
+
+    def _decode_host(self, batch: int) -> float:
+        """Host seconds of a decode step of ``batch`` sequences (+ 0.0 when there is no
+        per-sequence cost: the same float)."""
+        return self.eff.step_overhead_s + self.eff.decode_per_seq_s * batch
+
+    def _decode_const(self, comm: float, batch: int) -> float:
+        """A decode step's part that does not depend on its context: all-reduces and host."""
+        return comm + self._decode_host(batch)
 
     def decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:
         const, c0, c1, m0, m1 = self._decode_lines(batch)

@@ -6,7 +6,9 @@ Every number comes from the ``paper`` profile (sim/profiles/paper.toml) and the 
 - ``figure9``: isolated transfer latency vs size, each mechanism over GG-Host.
 - ``table1``: 4x A100 vs 4x p150a at 512 in / 128 out / batch 32 (roofline predictors).
 - ``serving``: rate sweeps per workload and configuration (``sim.runs.sweep``, in parallel), knee at
-  90% SLO attainment, output throughput there, then power and cost at the knee.
+  90% SLO attainment, output throughput there (over the whole run, as the fit's targets take
+  it, and over the steady window, ``steady_throughput_at_knee``: no ramp, no drain), then power
+  and cost at the knee.
 - ``run_paper``: all of it as one JSON-ready dict, next to the paper's figures (``TARGETS``),
   with each claim of the paper's section 6 checked (``sim.paper.checks``).
 
@@ -26,6 +28,9 @@ from sim.config import RunConfig
 from sim.engine.cluster import make_predictor
 from sim.paper.checks import TARGETS, checks
 from sim.models.predictor import load_profile_table
+from sim.paper.devices_report import devices_summary
+from sim.paper.sensitivity_table import load as sensitivity_table
+from traces import metrics
 from sim.models.transfer import MECHANISMS, isolated_latency, pricing_for, transfer_params
 
 PROFILE = "paper"
@@ -177,7 +182,13 @@ def at_rate(config: RunConfig, rate: float, seeds) -> dict | None:
     rows = []
     for seed in seeds:
         run = simulate(config.replace(**{"workload.rate": rate, "seed": seed}))
-        rows.append(run_efficiency(run.stats, run.summary, config, profile))
+        row = run_efficiency(run.stats, run.summary, config, profile)
+        # beside the whole run's figure: output throughput in the steady window (no ramp,
+        # no drain: traces.metrics); the fit's targets still use the whole run's
+        row["steady_output_tokens_per_s"] = (
+            metrics.steady_output_tokens_per_s(run.records) if run.records is not None
+            else math.nan)
+        rows.append(row)
     return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
 
 
@@ -215,16 +226,21 @@ def run_paper(quick: bool = False, workers: int | None = None, profile: str = PR
     hears each sweep as it starts."""
     out = {"profile": profile, "quick": quick,
            "fig9": figure9(profile), "table1": table1(profile),
-           "knees": {}, "throughput_at_knee": {}, "efficiency": {}, "sweeps": {}}
+           "knees": {}, "throughput_at_knee": {}, "steady_throughput_at_knee": {},
+           "efficiency": {}, "sweeps": {}}
     for workload in workloads:
         res = serving(workload, names, quick, workers, profile, say)
         out["sweeps"][workload] = res
         out["knees"][workload] = {n: r["knee_rate"] for n, r in res.items()}
         out["throughput_at_knee"][workload] = {n: r["output_tokens_per_s_at_knee"]
                                                for n, r in res.items()}
+        out["steady_throughput_at_knee"][workload] = {
+            n: (r["at_knee"] or {}).get("steady_output_tokens_per_s") for n, r in res.items()}
         out["efficiency"][workload] = efficiency(res)
     out["targets"] = TARGETS
     out["checks"] = checks(out)
+    out["devices"] = devices_summary(profile)
+    out["sensitivity"] = sensitivity_table(profile)
     out.update(fit_summary(out, profile))
     return out
 

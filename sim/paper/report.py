@@ -12,6 +12,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from sim.paper.devices_report import devices_markdown
+from sim.paper.sensitivity_table import sensitivity_markdown
+
 
 def rel_err(ours, paper) -> float:
     if ours is None or paper is None or not math.isfinite(paper) or paper == 0:
@@ -103,6 +106,8 @@ def markdown(result: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     lines += _checks_section(result)
     lines += _fit_section(result)
+    lines += devices_markdown(result.get("devices"))
+    lines += sensitivity_markdown(result.get("sensitivity"))
     lines += ["", "## Figure 9: latency normalised to GG-Host", "",
               "| size (MB) | " + " | ".join(_mechs(result)) + " |",
               "|---|" + "---|" * len(_mechs(result))]
@@ -111,13 +116,15 @@ def markdown(result: dict) -> str:
         lines.append(f"| {size} | " + " | ".join(_f(cells[m]) for m in _mechs(result)) + " |")
     for workload, res in result["sweeps"].items():
         lines += ["", f"## Serving: {workload}", "",
-                  "| config | knee (req/s) | knee per seed | tokens/s at knee | OOM failures | "
-                  "tokens/J | tokens/s/$ | $/request |", "|---|---|---|---|---|---|---|---|"]
+                  "| config | knee (req/s) | knee per seed | tokens/s at knee | steady tokens/s "
+                  "| OOM failures | tokens/J | tokens/s/$ | $/request |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for name, r in res.items():
             k = r.get("at_knee") or {}
             seeds = " / ".join(_f(v) for v in (r.get("knee_by_seed") or {}).values())
             lines.append(f"| {name} | {_f(r['knee_rate'])} | {seeds} | "
                          f"{_f(r['output_tokens_per_s_at_knee'])} | "
+                         f"{_f(k.get('steady_output_tokens_per_s'))} | "
                          f"{r.get('num_failed_out_of_memory', 0)} | {_f(k.get('tokens_per_joule'))} "
                          f"| {_f(k.get('tokens_per_s_per_dollar'))} | "
                          f"{_f(k.get('usd_per_request'))} |")

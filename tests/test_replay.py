@@ -113,7 +113,9 @@ def test_sends_do_not_wait_for_responses():
     sent = result.client["sent_at"].to_numpy()
     first = result.records["first_token_at"].to_numpy()
     assert sent[-1] < first[0]                 # all 20 sent before the first answer came
-    assert np.nanmax(result.client["send_lag_s"]) < 0.1
+    # a send that waited for an answer would lag by the server's 1 s TTFT; scheduling noise
+    # on a loaded 2-core machine reaches about 0.1 s
+    assert np.nanmax(result.client["send_lag_s"]) < 0.5
 
 
 def test_errors_and_timeouts_are_recorded_not_fatal(fast_server):

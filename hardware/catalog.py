@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from hardware.sliding_window import SlidingWindowLayers
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -103,7 +105,7 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(SlidingWindowLayers):
     """A decoder-only transformer's shapes (a Hugging Face ``config.json``'s, read by
     ``hardware.model_config``) and the sizes derived from them.
 
@@ -114,8 +116,8 @@ class ModelSpec:
     ``num_layers - num_dense_layers`` MoE layers route each token to ``num_experts_per_token``
     of ``num_experts`` experts of ``expert_ffn_size``, beside ``shared_ffn_size`` of always-on
     shared experts); ``num_sliding_layers`` of the layers attend to the last ``sliding_window``
-    tokens only. ``npu_refusal`` says why Tenstorrent's stack cannot serve the model ("": it
-    can)."""
+    tokens only (``hardware.sliding_window``). ``npu_refusal`` says why Tenstorrent's stack
+    cannot serve the model ("": it can)."""
 
     key: str
     name: str
@@ -276,7 +278,7 @@ class ModelSpec:
     def attention_flops_per_context_token(self) -> float:
         """FLOPs a token's attention spends per token of context over all layers: QK^T and
         AV, 2 (qk_dim + v_dim) per head (MLA: its uncompressed heads, as prefill runs them).
-        Sliding-window layers are counted as full ones (an upper bound past the window)."""
+        Per token of context a layer attends to: times ``attended_tokens`` past a window."""
         if self.is_mla:
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim
             return 2.0 * self.num_layers * self.num_heads * (qk + self.v_head_dim)
@@ -290,8 +292,8 @@ class ModelSpec:
 
     def kv_bytes_per_token(self, kv_dtype: str) -> float:
         """K and V of one token over all layers and KV heads (MLA: the latent of each layer).
-        Sliding-window layers hold every token here, as they do until a sequence outgrows the
-        window (past it vLLM frees their old blocks; that saving is not modelled)."""
+        Per token a layer holds: a sequence past a sliding window holds fewer on its sliding
+        layers (``attended_tokens``, ``kv_blocks``)."""
         if self.is_mla:
             return self.num_layers * self.kv_head_size * dtype_bytes(kv_dtype)
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes(kv_dtype)

@@ -14,7 +14,9 @@ One interface (the decode instance calls it; "who calls what, when"):
   ``fits_ever_many`` answers the same for arrays of lengths (a whole trace at once).
 - ``stats()``: per-bank occupancy, imbalance (fullest bank over the mean), peak, counters.
 
-Pools, all in KV blocks of ``block_size`` tokens (prompt + output reserved whole):
+Pools, all in KV blocks of ``block_size`` tokens (prompt + output reserved whole). A request
+of n tokens needs ``blocks_for(n)`` of them, or ``kv_blocks(n)`` where a pool is given that
+rule (a model with sliding-window layers: ``hardware.catalog.ModelSpec.kv_blocks``):
 
 - ``BlockPool``: today's behaviour (a GPU paged cache; no banks).
 - ``HawkPool``: HAWK's layout-aware design (docs/paper.md 4.2). Per-bank receive buffers are the
@@ -50,17 +52,20 @@ class BlockPool:
 
     stages = False        # whether ``relayout_done`` frees anything (a staging buffer)
 
-    def __init__(self, capacity_blocks: int, block_size: int):
+    def __init__(self, capacity_blocks: int, block_size: int, kv_blocks=None):
         if capacity_blocks < 1 or block_size < 1:
             raise ValueError(f"capacity_blocks {capacity_blocks} and block_size {block_size} "
                              f"must be >= 1")
         self.capacity_blocks, self.block_size = int(capacity_blocks), int(block_size)
+        self.kv_blocks = kv_blocks        # num_tokens -> blocks (None: blocks_for)
         self.free_blocks = self.capacity_blocks
         self.held: dict = {}
         self.peak_blocks = 0
         self.num_waits = 0
 
     def blocks_needed(self, num_prompt_tokens: int, num_output_tokens: int) -> int:
+        if self.kv_blocks is not None:
+            return self.kv_blocks(num_prompt_tokens + num_output_tokens)
         return blocks_for(num_prompt_tokens + num_output_tokens, self.block_size)
 
     def fits_ever(self, num_prompt_tokens: int, num_output_tokens: int) -> bool:
@@ -74,6 +79,8 @@ class BlockPool:
         if request in self.held:
             raise ValueError(f"request {request!r} already holds a reservation")
         need = -(-(num_prompt_tokens + num_output_tokens) // self.block_size)   # blocks_for
+        if self.kv_blocks is not None:
+            need = int(self.kv_blocks(num_prompt_tokens + num_output_tokens))
         if need > self.free_blocks:
             self.num_waits += 1
             return WAIT
@@ -103,18 +110,20 @@ class BlockPool:
 class _BankGrid:
     """``used[bank, slot]``: one chip's banks, each ``slots_per_bank`` block-shares deep."""
 
-    def __init__(self, num_banks: int, slots_per_bank: int, block_size: int):
+    def __init__(self, num_banks: int, slots_per_bank: int, block_size: int, kv_blocks=None):
         if num_banks < 1 or slots_per_bank < 1 or block_size < 1:
             raise ValueError(f"num_banks {num_banks}, slots_per_bank {slots_per_bank} and "
                              f"block_size {block_size} must be >= 1")
         self.num_banks, self.slots_per_bank = int(num_banks), int(slots_per_bank)
-        self.block_size = int(block_size)
+        self.block_size, self.kv_blocks = int(block_size), kv_blocks
         self.used = np.zeros((self.num_banks, self.slots_per_bank), dtype=bool)
         self.blocks: dict = {}          # request -> slot columns of its interleaved blocks
         self.peak = np.zeros(self.num_banks)
         self.num_waits = self.num_oom = 0
 
     def blocks_needed(self, num_prompt_tokens: int, num_output_tokens: int) -> int:
+        if self.kv_blocks is not None:
+            return self.kv_blocks(num_prompt_tokens + num_output_tokens)
         return blocks_for(num_prompt_tokens + num_output_tokens, self.block_size)
 
     def _take_columns(self, need: int) -> np.ndarray | None:
@@ -152,10 +161,10 @@ class HawkPool(BlockPool):
     and which slots a request gets does not matter: counting blocks is exact, and per-bank
     occupancy is the pool's occupancy in every bank."""
 
-    def __init__(self, num_banks: int, slots_per_bank: int, block_size: int):
+    def __init__(self, num_banks: int, slots_per_bank: int, block_size: int, kv_blocks=None):
         if num_banks < 1:
             raise ValueError(f"num_banks {num_banks} must be >= 1")
-        super().__init__(slots_per_bank, block_size)
+        super().__init__(slots_per_bank, block_size, kv_blocks)
         self.num_banks, self.slots_per_bank = int(num_banks), int(slots_per_bank)
 
     def stats(self) -> dict:
@@ -179,8 +188,8 @@ class SingleBufferPool(_BankGrid):
     stages = True
 
     def __init__(self, num_banks: int, slots_per_bank: int, block_size: int,
-                 staging_slots_per_token: float):
-        super().__init__(num_banks, slots_per_bank, block_size)
+                 staging_slots_per_token: float, kv_blocks=None):
+        super().__init__(num_banks, slots_per_bank, block_size, kv_blocks)
         if not staging_slots_per_token > 0:
             raise ValueError(f"staging_slots_per_token {staging_slots_per_token} must be > 0")
         self.staging_slots_per_token = float(staging_slots_per_token)
@@ -374,20 +383,25 @@ class GrowingKV:
 
 
 def make_pool(pool: str, capacity_blocks: int, block_size: int, num_banks: int = 0,
-              staging_slots_per_token: float = 0.0):
-    """The pool a mechanism names (``sim.models.transfer.Mechanism.pool``) for a decode instance."""
+              staging_slots_per_token: float = 0.0, kv_blocks=None):
+    """The pool a mechanism names (``sim.models.transfer.Mechanism.pool``) for a decode
+    instance; ``kv_blocks``: a request's blocks by its tokens (None: ``blocks_for``)."""
     if pool == "block" or num_banks < 1:
-        return BlockPool(capacity_blocks, block_size)
+        return BlockPool(capacity_blocks, block_size, kv_blocks)
     if pool == "hawk":
-        return HawkPool(num_banks, capacity_blocks, block_size)
+        return HawkPool(num_banks, capacity_blocks, block_size, kv_blocks)
     if pool == "single_buffer":
-        return SingleBufferPool(num_banks, capacity_blocks, block_size, staging_slots_per_token)
+        return SingleBufferPool(num_banks, capacity_blocks, block_size, staging_slots_per_token,
+                                kv_blocks)
     raise ValueError(f"unknown pool {pool!r}; choose 'block', 'hawk' or 'single_buffer'")
 
 
 def pool_for(config, capacity_blocks: int):
-    """The decode pool of a ``RunConfig``: its mechanism's kind, one chip's banks."""
+    """The decode pool of a ``RunConfig``: its mechanism's kind, one chip's banks. A model
+    with sliding-window layers reserves ``ModelSpec.kv_blocks`` per request where requests
+    reserve up front; on-demand growth (``GrowingKV``) counts every layer's blocks."""
     from hardware import catalog
+    from policies.admission import ADMISSION
     from sim.models.transfer import mechanism
 
     cl = config.cluster
@@ -396,4 +410,10 @@ def pool_for(config, capacity_blocks: int):
     slot_bytes = model.kv_bytes_per_token(cl.decode.kv_dtype) * cl.decode.block_size / max(
         dev.dram_channels, 1)
     staging = model.kv_bytes_per_token(cl.prefill.kv_dtype) / slot_bytes
-    return make_pool(mech.pool, capacity_blocks, cl.decode.block_size, dev.dram_channels, staging)
+    kv_blocks = None
+    up_front = mech.pool == "single_buffer" or not ADMISSION[cl.decode.admission].on_demand
+    if model.window and up_front:
+        block = cl.decode.block_size
+        kv_blocks = lambda num_tokens: model.kv_blocks(num_tokens, block)  # noqa: E731
+    return make_pool(mech.pool, capacity_blocks, cl.decode.block_size, dev.dram_channels, staging,
+                     kv_blocks)

@@ -13,7 +13,9 @@ Two predictors share one interface:
   A decode step = fixed per-step costs (``step_overhead_s``: scheduling, sampling, dispatch;
   the all-reduces' latency) + max(compute, weights read once + every request's KV read at
   ``decode_attention_efficiency`` of bandwidth), so its time grows with the batch and with
-  each request's context.
+  each request's context. A model's sliding-window layers attend to, and read the KV of, at
+  most their window of each sequence's context (``ModelSpec.attended_tokens``, a batch's
+  sequences taken at its mean context; ``attended_pairs`` for a prompt's causal pairs).
   Grounded terms (``sim.models.efficiency``; each defaults to leave the above unchanged): a
   prompt step's own fixed cost, its attention's own FLOPs rate, host work per decode sequence,
   a latency per ring step of each all-reduce, a share of the all-reduces hidden under the
@@ -127,6 +129,8 @@ class RooflinePredictor(Predictor):
         self._lm_head_flops = 2.0 * m.embedding_params
         self._body_flops_per_token = 2.0 * (m.linear_params - m.embedding_params)
         self._attn_flops_per_ctx = attn_flops_per_ctx
+        # sliding-window layers (0: none): attention and KV reads over ``attended_tokens``
+        self._window = m.window
         self._prefill_flops_rate = peak * efficiency.prefill_compute_efficiency
         self._prefill_bytes_rate = bandwidth * efficiency.prefill_memory_efficiency
         self._decode_flops_rate = peak * efficiency.decode_compute_efficiency
@@ -192,19 +196,26 @@ class RooflinePredictor(Predictor):
             n = prompt_lens[0]
             t = self._single.get(n)
             if t is None:
-                t = self._single[n] = self._prefill_time(n, n * (n + 1), 1)
+                t = self._single[n] = self._prefill_time(n, self._pairs([(n, 0)]), 1)
             return t
-        # causal attention: n (n + 1) / 2 pairs per prompt (each product is even: exact)
-        return self._prefill_time(sum(prompt_lens), sum([n * (n + 1) for n in prompt_lens]),
+        return self._prefill_time(sum(prompt_lens), self._pairs([(n, 0) for n in prompt_lens]),
                                   len(prompt_lens))
 
-    def _prefill_time(self, tokens: int, twice_pairs: int, num_prompts: int) -> float:
-        """A batch of ``num_prompts`` prompts, ``tokens`` in all, with ``twice_pairs`` / 2
-        causal attention pairs."""
+    def _pairs(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """Causal attention pairs of prompt chunks ``(num_tokens, num_context_before)``: n c +
+        n (n + 1) / 2 each (twice that is even: exact), past a sliding window
+        ``ModelSpec.attended_pairs``."""
+        if self._window:
+            return sum([self.model.attended_pairs(n, c) for n, c in chunks])
+        return float(sum([n * (2 * c + n + 1) for n, c in chunks]) // 2)
+
+    def _prefill_time(self, tokens: int, pairs: float, num_prompts: int) -> float:
+        """A batch of ``num_prompts`` prompts, ``tokens`` in all, with ``pairs`` causal
+        attention pairs."""
         total = float(tokens)
         compute = self._prefill_compute(
             self._body_flops_per_token * total + self._lm_head_flops * num_prompts,
-            self._attn_flops_per_ctx * float(twice_pairs // 2))
+            self._attn_flops_per_ctx * pairs)
         memory = (self._weights + self._kv_per_token * total) / self._prefill_bytes_rate
         roof = memory if memory > compute else compute                  # max(), no call
         return self._step(self._with_allreduce(roof, int(tokens)), self._prefill_overhead)
@@ -234,19 +245,21 @@ class RooflinePredictor(Predictor):
             return (self.decode_step_time(batch, int(sum(decode_contexts))) if batch
                     else 0.0), False
         tokens = sum([n for n, _ in prefill_chunks])
-        # causal pairs of a chunk of n tokens after c: n c + n (n + 1) / 2 (twice: even)
-        twice_pairs = sum([n * (2 * c + n + 1) for n, c in prefill_chunks])
         context_read = sum([c for _, c in prefill_chunks])
+        if self._window:
+            context_read = sum([self.model.attended_tokens(c) for _, c in prefill_chunks])
         total = float(tokens)
         compute = self._prefill_compute(
             self._body_flops_per_token * total + self._lm_head_flops * len(prefill_chunks),
-            self._attn_flops_per_ctx * float(twice_pairs // 2))
+            self._attn_flops_per_ctx * self._pairs(prefill_chunks))
         nbytes = self._weights + self._kv_per_token * (total + context_read)
         memory = nbytes / self._prefill_bytes_rate
         overhead = self._prefill_overhead
         if batch:
             _, c0, c1, _, m1 = self._decode_lines(batch)
             context = float(sum(decode_contexts))
+            if self._window:
+                context = self.model.attended_tokens(context, batch)
             compute += c0 + c1 * context
             memory += m1 * context
             overhead += self.eff.decode_per_seq_s * batch
@@ -295,13 +308,21 @@ class RooflinePredictor(Predictor):
 
     def decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:
         const, c0, c1, m0, m1 = self._decode_lines(batch)
+        if self._window:
+            contexts = self.model.attended_tokens(contexts, batch)
         return const + np.maximum(c0 + c1 * contexts, m0 + m1 * contexts)
 
     def decode_step_time(self, batch: int, context: int) -> float:
         const, c0, c1, m0, m1 = self._decode_lines(batch)
+        if self._window:
+            context = self.model.attended_tokens(context, batch)
         return const + max(c0 + c1 * context, m0 + m1 * context)
 
+    # Past a sliding window a step's attended context stops growing with its total context:
+    # the decode sums below, closed forms of two lines, give way to the cumulative sum.
     def decode_time(self, batch: int, context: int, steps: int) -> float:
+        if self._window:
+            return Predictor.decode_time(self, batch, context, steps)
         memory = self._memory_bound.get(batch)
         if memory is not None and context >= 0:      # the usual case: the branch below, short
             const, m0, m1, qm, _, _, _ = memory
@@ -314,6 +335,8 @@ class RooflinePredictor(Predictor):
         return steps * const + _sum_max_lines(p1, q1, p2, q2, steps)
 
     def decode_steps_within(self, batch: int, context: int, steps: int, elapsed: float) -> int:
+        if self._window:
+            return Predictor.decode_steps_within(self, batch, context, steps, elapsed)
         const, c0, c1, m0, m1 = self._decode_lines(batch)
         # Step i costs const + max of two lines in i; estimate j from the line that wins at
         # the start (exact while it keeps winning), then correct against the closed form.
@@ -340,6 +363,8 @@ class RooflinePredictor(Predictor):
 
     def decode_next_boundary(self, batch: int, context: int, steps: int,
                              elapsed: float) -> tuple[int, float]:
+        if self._window:
+            return Predictor.decode_next_boundary(self, batch, context, steps, elapsed)
         if elapsed <= 0:
             return 1, self.decode_time(batch, context, 1)
         memory = self._memory_bound.get(batch)

@@ -148,15 +148,34 @@ class PlanCounts:
 
 def plan_counts(mech: Mechanism, model: ModelSpec, prefill: InstanceFacts,
                 decode: InstanceFacts, num_tokens: int, bank_bytes: int = 0) -> PlanCounts:
-    """Closed form of one destination device's plan counts for ``num_tokens`` tokens.
+    """Closed form of one destination device's plan counts for ``num_tokens`` tokens; a
+    sliding-window layer sends only the last ``min(num_tokens, window)`` of them (the decode
+    side attends to no others; its plan counted as one more run of tensors).
 
     Assumes contiguous block tables on both sides (each allocator tries one run). For the
     single buffer the staging buffer starts at address 0 of a chip with ``bank_bytes`` per bank.
     """
     if num_tokens <= 0:
         raise ValueError(f"num_tokens {num_tokens} must be > 0")
+    window, sliding = model.window, model.num_sliding_layers
+    if window and num_tokens > window:     # sliding layers send only their window's tokens
+        per_layer = model.kv_tensors_per_layer
+        part = _counts(mech, model, prefill, decode, window, per_layer * sliding, bank_bytes)
+        if sliding == model.num_layers:
+            return part
+        full = _counts(mech, model, prefill, decode, num_tokens,
+                       per_layer * (model.num_layers - sliding), bank_bytes)
+        return PlanCounts(*(getattr(full, f.name) + getattr(part, f.name)
+                            for f in fields(PlanCounts)))
+    return _counts(mech, model, prefill, decode, num_tokens,
+                   model.kv_tensors_per_layer * model.num_layers, bank_bytes)
+
+
+def _counts(mech: Mechanism, model: ModelSpec, prefill: InstanceFacts, decode: InstanceFacts,
+            num_tokens: int, tensors: int, bank_bytes: int) -> PlanCounts:
+    """``plan_counts`` for ``tensors`` KV tensors (of all layers) of ``num_tokens`` tokens."""
     heads = 1 if model.kv_replicated else _heads_per_device(model.num_kv_heads, decode.tp)
-    tensors, d = model.kv_tensors_per_layer * model.num_layers, model.kv_head_size
+    d = model.kv_head_size
     elem = dtype_bytes(prefill.kv_dtype)
     gpu_blocks = blocks_for(num_tokens, prefill.block_size)
     gpu_block_bytes = int(prefill.block_size * heads * d * elem)

@@ -92,6 +92,7 @@ class AggregatedInstance:
         self.horizon = None                   # its arrivals (next_arrival_at()), if ahead
         self._ahead_end = 0.0                 # the end of the latest run committed ahead
         self._planned = (-1, 0, 0)            # (it, steps, blocks) of the run last planned
+        self._next_at = -math.inf             # lazy arrivals: the next one not yet admitted
 
     # -- what the router sees -------------------------------------------------------------
     @property
@@ -147,13 +148,14 @@ class AggregatedInstance:
         instance admits them itself): a step with prompt chunks, or a run of decodes that
         the next arrival cuts. Either way the instance runs at most about one arrival ahead;
         the rest are timers."""
+        source = self.source
         while True:
-            if self.source is not None:
-                self.source.admit_until(now)
+            if source is not None and now >= self._next_at:
+                self._next_at = source.admit_until(now)
             chunks, steady = self._schedule(now)
             decodes = len(self.decoding)
             if not decodes and not chunks:
-                at = self.source.next_arrival_at() if self.source is not None else math.inf
+                at = self._next_at if source is not None else math.inf
                 if at < math.inf:
                     self._timer.set(at)
                 return
@@ -165,18 +167,19 @@ class AggregatedInstance:
                     [(n, c) for _, n, c in chunks], [b + it for b in self.decoding.values()])
                 steps = 1
             else:
-                steps, cut = self._run_length(decodes, context, now)
-                duration = self.predictor.decode_time(decodes, context, steps)
+                steps, duration, cut = self._run_length(decodes, context, now)
             if not duration >= 0:
                 raise ValueError(f"aggregated instance {self.index}: a step priced at "
                                  f"{duration} s; a predictor's time must be >= 0")
             if self.log is not None:
                 self._logged = tuple(i for i in self.running if i in self.decoding)
-            if self.source is not None:
+            if not self.ahead:
+                ahead = False
+            elif source is not None:
                 ahead = cut or not steady or bool(chunks)
             else:
-                ahead = now + duration < self.horizon.next_arrival_at() if self.ahead else False
-            if not (self.ahead and ahead):
+                ahead = now + duration < self.horizon.next_arrival_at()
+            if not ahead:
                 self._step = (now, decodes, chunks, steps, context)
                 self._timer.set(now + duration)
                 return
@@ -265,16 +268,23 @@ class AggregatedInstance:
     def _growth(self, first: int, steps: int) -> int:
         """Blocks the decoding requests start in decode steps ``first`` .. + steps - 1 (the
         step after ``it`` computes token ``base + it + 1``: a new block where base + it is a
-        multiple of the block size)."""
+        multiple of the block size): every request once per ``block_size`` steps, and for
+        the rest, those whose residue is ``-(first - 1 + s) % block_size`` at step s: a run
+        of residues going down from ``-(first - 1) % block_size``, wrapping at 0."""
         B, residues = self.block_size, self._residues
         full, rest = divmod(steps, B)
-        return full * len(self.decoding) + sum([residues[-(first - 1 + s) % B]
-                                                for s in range(rest)])
+        growth = full * len(self.decoding)
+        if rest:
+            top = -(first - 1) % B + 1            # residues top - rest .. top - 1
+            low = top - rest
+            growth += (sum(residues[low:top]) if low >= 0 else
+                       sum(residues[:top]) + sum(residues[B + low:]))
+        return growth
 
-    def _run_length(self, decodes: int, context: int, now: float) -> tuple[int, bool]:
-        """Steps of decodes only from now: to the first finish, the last step whose blocks
-        can be had, and the boundary at or after the next arrival (lazy arrivals; then True:
-        the arrival cuts the run)."""
+    def _run_length(self, decodes: int, context: int, now: float) -> tuple[int, float, bool]:
+        """Steps of decodes only from now and their time: to the first finish, the last step
+        whose blocks can be had, and the boundary at or after the next arrival (lazy
+        arrivals; then True: the arrival cuts the run)."""
         steps = self._finishing[0][0] - self.it
         growth = self._growth(self.it + 2, steps - 1) if steps > 1 else 0
         if growth > self.free_blocks:
@@ -286,13 +296,15 @@ class AggregatedInstance:
             steps = lo
             growth = self._growth(self.it + 2, steps - 1)
         self._planned = (self.it, steps, growth)  # the commit's blocks, if it runs them all
-        if steps > 1 and self.source is not None:
-            at = self.source.next_arrival_at()
-            if at < math.inf:
-                j, _ = self.predictor.decode_next_boundary(decodes, context, steps, at - now)
-                if j < steps:
-                    return j, True
-        return steps, False
+        decode_time = self.predictor.decode_time
+        duration = decode_time(decodes, context, steps)
+        at = self._next_at
+        # an arrival past the run's end cuts nothing (decode_next_boundary's j is ``steps``)
+        if steps > 1 and self.source is not None and at - now <= duration:
+            j, _ = self.predictor.decode_next_boundary(decodes, context, steps, at - now)
+            if j < steps:
+                return j, decode_time(decodes, context, j), True
+        return steps, duration, False
 
     def _commit(self, chunks: list, steps: int, now: float) -> None:
         """The step (or run of ``steps`` decode steps) ended at ``now``: tokens computed,

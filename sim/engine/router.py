@@ -138,16 +138,22 @@ class LazyArrivals:
         instance.ahead = instance.fast_forward    # it knows every arrival: commit ahead
         instance.env.timeout(0).callbacks.append(lambda _ev: instance.kick())
 
-    def admit_until(self, now: float) -> None:
+    def admit_until(self, now: float) -> float:
+        """Admit every request that has arrived by ``now``; returns ``next_arrival_at()``."""
         i, n, ledger = self.next, self.ledger.n, self.ledger
         arrivals, reasons, enqueue = ledger.arrival_at, self.reasons, self.instance.enqueue
-        while i < n and arrivals[i] <= now:
+        while i < n:
+            at = arrivals[i]
+            if at > now:
+                self.next = i
+                return at
             if reasons[i] is None:
                 enqueue(i)
             else:
-                ledger.fail(i, reasons[i], arrivals[i])
+                ledger.fail(i, reasons[i], at)
             i += 1
         self.next = i
+        return math.inf
 
     def next_arrival_at(self) -> float:
         return self.ledger.arrival_at[self.next] if self.next < self.ledger.n else math.inf

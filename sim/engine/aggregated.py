@@ -98,7 +98,7 @@ class AggregatedInstance:
     @property
     def load(self) -> int:
         """Requests assigned here and not yet ended."""
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting.items) + len(self.running)
 
     def enqueue(self, i: int) -> None:
         """The router assigns arrived request ``i`` here."""
@@ -199,19 +199,20 @@ class AggregatedInstance:
         B, computed = self.block_size, self.computed
         budget = self.max_batch_tokens - len(self.decoding)
         need = self._residues[-self.it % B]       # decodes that start a block
-        partial = []
-        for i, c in computed.items():             # (at most the newest: it was cut)
-            if budget <= 0:
-                break
-            n = min(self.ledger.prompt[i] + self.generated[i] - c, budget)
-            need += -(-(c + n) // B) + (-c // B)
-            partial.append((i, n, c))
-            budget -= n
+        chunks = []
+        if computed:                              # (at most the newest: it was cut)
+            prompt, generated = self.ledger.prompt, self.generated
+            for i, c in computed.items():
+                if budget <= 0:
+                    break
+                n = min(prompt[i] + generated[i] - c, budget)
+                need += -(-(c + n) // B) + (-c // B)
+                chunks.append((i, n, c))
+                budget -= n
         if need > self.free_blocks:
             return self._schedule_short(), False
         self.free_blocks -= need
-        chunks = partial
-        if budget <= 0 or not self.waiting or len(self.running) >= self.max_batch_size:
+        if budget <= 0 or not self.waiting.items or len(self.running) >= self.max_batch_size:
             return chunks, not chunks
         return self._admit(now, chunks, budget)
 
@@ -220,8 +221,9 @@ class AggregatedInstance:
         sequences and the blocks allow: a head that cannot have its blocks stops the rest."""
         B, prompt, running, waiting = (self.block_size, self.ledger.prompt, self.running,
                                        self.waiting)
-        while waiting and budget and len(running) < self.max_batch_size:
-            i = waiting.head()
+        items = waiting.items                     # its head first
+        while items and budget and len(running) < self.max_batch_size:
+            i = items[0]
             n = min(prompt[i] + self.generated[i], budget)
             need = -(-n // B)
             if need > self.free_blocks:
@@ -311,7 +313,7 @@ class AggregatedInstance:
         tokens sampled, requests finished."""
         if steps > 1:
             it, planned, growth = self._planned
-            self.free_blocks -= (growth if (it, planned) == (self.it, steps)
+            self.free_blocks -= (growth if it == self.it and planned == steps
                                  else self._growth(self.it + 2, steps - 1))
         it = self.it = self.it + steps
         finishing, ledger = self._finishing, self.ledger
@@ -320,6 +322,21 @@ class AggregatedInstance:
             _, i = finishing.pop(0)
             self._undecode(i)
             ended.append(i)
+        if chunks:
+            self._sample(chunks, it, now, ended)
+        if ended:
+            for i in ended:
+                ledger.finish(i, now)
+            if len(ended) == 1:
+                self.running.remove(ended[0])
+            else:
+                gone = set(ended)
+                self.running = [i for i in self.running if i not in gone]
+
+    def _sample(self, chunks: list, it: int, now: float, ended: list) -> None:
+        """The step's prompt chunks are computed: a chunk that computes its request's last
+        token samples one; the request decodes from then on, or ends (into ``ended``)."""
+        ledger = self.ledger
         prompt, output, generated = ledger.prompt, ledger.output, self.generated
         for i, n, _ in chunks:
             c = self.computed[i] = self.computed[i] + n
@@ -336,17 +353,9 @@ class AggregatedInstance:
                 continue
             del generated[i]                      # from now on base + it tells it
             base = self.decoding[i] = c - it
-            bisect.insort(finishing, (prompt[i] + output[i] - 1 - base, i))
+            bisect.insort(self._finishing, (prompt[i] + output[i] - 1 - base, i))
             self._residues[base % self.block_size] += 1
             self._base_sum += base
-        if ended:
-            for i in ended:
-                ledger.finish(i, now)
-            if len(ended) == 1:
-                self.running.remove(ended[0])
-            else:
-                gone = set(ended)
-                self.running = [i for i in self.running if i not in gone]
 
     def _undecode(self, i: int) -> int:
         """Decoding ``i`` stops (it ends or is preempted): its blocks are freed. Returns the

@@ -91,7 +91,6 @@ class AggregatedInstance:
         self.ahead = False                    # commit ahead of the clock, up to ``horizon``
         self.horizon = None                   # its arrivals (next_arrival_at()), if ahead
         self._ahead_end = 0.0                 # the end of the latest run committed ahead
-        self._planned = (-1, 0, 0)            # (it, steps, blocks) of the run last planned
         self._next_at = -math.inf             # lazy arrivals: the next one not yet admitted
 
     # -- what the router sees -------------------------------------------------------------
@@ -112,7 +111,9 @@ class AggregatedInstance:
 
     def kick(self) -> None:
         """A request was enqueued: start a step if idle, else cut a run of decodes at its
-        next boundary (the request is considered there)."""
+        next boundary (the request is considered there). Ahead of the clock, a boundary
+        before the next arrival is where the run ends and the next step starts, at once:
+        nothing reaches the instance before it."""
         if self._step is None:
             self._timer.cancel()
             self._start(self.env._now)
@@ -124,20 +125,31 @@ class AggregatedInstance:
             if j < steps:
                 self._step = (start, decodes, chunks, j, context)
                 self._timer.set(start + t)
+                end = self._timer.fires_at            # the instant it would fire at
+                if self.ahead and end < self.horizon.next_arrival_at():
+                    self._end_step(end)
+                    self._ahead_end = end
+                    self._start(end)
+                    if self._step is None:            # idle: nothing left to fire for
+                        self._timer.cancel()
 
     # -- the step loop --------------------------------------------------------------------
     def _on_timer(self) -> None:
         self.num_wakeups += 1
         now = self.env._now
         if self._step is not None:
-            start, decodes, chunks, steps, _ = self._step
-            self._step = None
-            self.busy_time += now - start
-            self.num_steps += steps
-            if self.log is not None:
-                self.log.append((start, now, self._logged, tuple(chunks), steps))
-            self._commit(chunks, steps, now)
+            self._end_step(now)
         self._start(now)
+
+    def _end_step(self, now: float) -> None:
+        """The step (or run) in progress ends at ``now``."""
+        start, decodes, chunks, steps, _ = self._step
+        self._step = None
+        self.busy_time += now - start
+        self.num_steps += steps
+        if self.log is not None:
+            self.log.append((start, now, self._logged, tuple(chunks), steps))
+        self._commit(chunks, steps, now)
 
     def _start(self, now: float) -> None:
         """Schedule the step starting ``now`` (or sleep until the next arrival).
@@ -148,23 +160,27 @@ class AggregatedInstance:
         instance admits them itself): a step with prompt chunks, or a run of decodes that
         the next arrival cuts. Either way the instance runs at most about one arrival ahead;
         the rest are timers."""
-        source = self.source
+        source, decoding = self.source, self.decoding
+        clock = now          # the clock's instant when the step was due: timers are set from it
+        # routed: the next arrival is routed after this returns (no event runs meanwhile)
+        horizon_at = (self.horizon.next_arrival_at() if self.ahead and source is None
+                      else math.inf)
         while True:
             if source is not None and now >= self._next_at:
                 self._next_at = source.admit_until(now)
             chunks, steady = self._schedule(now)
-            decodes = len(self.decoding)
+            decodes = len(decoding)
             if not decodes and not chunks:
                 at = self._next_at if source is not None else math.inf
                 if at < math.inf:
-                    self._timer.set(at)
+                    self._timer.set(at, clock)
                 return
             context = self._base_sum + decodes * (self.it + 1)   # KVs and new tokens
             cut = False
             if chunks or not (steady and self.fast_forward):
                 it = self.it + 1
                 duration = self.predictor.mixed_step_time(
-                    [(n, c) for _, n, c in chunks], [b + it for b in self.decoding.values()])
+                    [(n, c) for _, n, c in chunks], [b + it for b in decoding.values()])
                 steps = 1
             else:
                 steps, duration, cut = self._run_length(decodes, context, now)
@@ -172,16 +188,16 @@ class AggregatedInstance:
                 raise ValueError(f"aggregated instance {self.index}: a step priced at "
                                  f"{duration} s; a predictor's time must be >= 0")
             if self.log is not None:
-                self._logged = tuple(i for i in self.running if i in self.decoding)
+                self._logged = tuple(i for i in self.running if i in decoding)
             if not self.ahead:
                 ahead = False
             elif source is not None:
                 ahead = cut or not steady or bool(chunks)
             else:
-                ahead = now + duration < self.horizon.next_arrival_at()
+                ahead = now + duration < horizon_at
             if not ahead:
                 self._step = (now, decodes, chunks, steps, context)
-                self._timer.set(now + duration)
+                self._timer.set(now + duration, clock)
                 return
             end = self._ahead_end = now + duration
             self.busy_time += duration
@@ -288,16 +304,15 @@ class AggregatedInstance:
         whose blocks can be had, and the boundary at or after the next arrival (lazy
         arrivals; then True: the arrival cuts the run)."""
         steps = self._finishing[0][0] - self.it
-        growth = self._growth(self.it + 2, steps - 1) if steps > 1 else 0
-        if growth > self.free_blocks:
+        # each decoding request starts at most one block per block_size steps
+        if steps > 1 and -(-(steps - 1) // self.block_size) * decodes > self.free_blocks \
+                and self._growth(self.it + 2, steps - 1) > self.free_blocks:
             lo, hi = 1, steps                     # lo steps fit, hi do not
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if self._growth(self.it + 2, mid - 1) <= \
                     self.free_blocks else (lo, mid)
             steps = lo
-            growth = self._growth(self.it + 2, steps - 1)
-        self._planned = (self.it, steps, growth)  # the commit's blocks, if it runs them all
         decode_time = self.predictor.decode_time
         duration = decode_time(decodes, context, steps)
         at = self._next_at
@@ -312,9 +327,7 @@ class AggregatedInstance:
         """The step (or run of ``steps`` decode steps) ended at ``now``: tokens computed,
         tokens sampled, requests finished."""
         if steps > 1:
-            it, planned, growth = self._planned
-            self.free_blocks -= (growth if it == self.it and planned == steps
-                                 else self._growth(self.it + 2, steps - 1))
+            self.free_blocks -= self._growth(self.it + 2, steps - 1)
         it = self.it = self.it + steps
         finishing, ledger = self._finishing, self.ledger
         ended = []

@@ -59,16 +59,24 @@ class MovableTimer:
         return self._at if self._entry is not None else math.inf
 
     @property
+    def fires_at(self) -> float:
+        """The clock's instant of the pending firing (``at`` as a ``Timeout`` would round it;
+        inf: none is pending)."""
+        return self._entry[0] if self._entry is not None else math.inf
+
+    @property
     def pending(self) -> bool:
         return self._entry is not None
 
-    def set(self, at: float) -> None:
+    def set(self, at: float, now: float | None = None) -> None:
         """Fire at ``at`` (now, if ``at`` has passed; timed as a ``Timeout`` of ``at - now``
         would be): move the pending firing there, or schedule one. A firing pending at ``at``
-        already keeps its place."""
+        already keeps its place. ``now``: the instant to time it from, if not the clock's (a
+        component that ran ahead of the clock sets it as it would have then)."""
         old = self._entry
         env = self.env
-        now = env._now
+        if now is None:
+            now = env._now
         if old is None:                         # none pending (often: set from its firing)
             self._at = at
             event = self._spare

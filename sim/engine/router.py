@@ -210,7 +210,7 @@ class PoolRouter:
         reason = self.reasons[i]
         if reason is not None:
             self.ledger.fail(i, reason, self.ledger.arrival_at[i])
-        elif self._to_aggregated(i):
+        elif not self.prefills or self._to_aggregated(i):
             live = [a for a in self.aggregated if not a.lost] or self.aggregated
             k = self.route([a.load for a in live], [a.free_blocks for a in live],
                            self.num_routed[0])

@@ -188,6 +188,7 @@ class RooflinePredictor(Predictor):
         # take it with one lookup and no comparison of the lines (the same floats).
         self._memory_bound: dict[int, tuple | None] = {}
         self._single: dict[int, float] = {}           # prefill time of one prompt, by length
+        self._chunk_roofs: dict[int, tuple] = {}      # mixed_step's one new prompt, by length
         # allreduce_time's factors, each the same float its expression starts with
         self._ring_share = 2.0 * (tp - 1) / tp
         self._num_allreduces = 2 * model.num_layers
@@ -244,15 +245,14 @@ class RooflinePredictor(Predictor):
         if not prefill_chunks:
             return (self.decode_step_time(batch, int(sum(decode_contexts))) if batch
                     else 0.0), False
-        tokens = sum([n for n, _ in prefill_chunks])
-        # causal pairs of a chunk of n tokens after c: n c + n (n + 1) / 2 (twice: even)
-        twice_pairs = sum([n * (2 * c + n + 1) for n, c in prefill_chunks])
-        context_read = sum([c for _, c in prefill_chunks])
-        total = float(tokens)
-        flops = (self._body_flops_per_token * total + self._lm_head_flops * len(prefill_chunks)
-                 + self._attn_flops_per_ctx * float(twice_pairs // 2))
-        nbytes = self._weights + self._kv_per_token * (total + context_read)
-        compute, memory = flops / self._prefill_flops_rate, nbytes / self._prefill_bytes_rate
+        if len(prefill_chunks) == 1 and prefill_chunks[0][1] == 0:   # often: a new prompt
+            n = prefill_chunks[0][0]
+            roof = self._chunk_roofs.get(n)
+            if roof is None:
+                roof = self._chunk_roofs[n] = self._chunks_roof(prefill_chunks)
+        else:
+            roof = self._chunks_roof(prefill_chunks)
+        tokens, compute, memory = roof
         if batch:
             _, c0, c1, _, m1 = self._decode_lines(batch)
             context = float(sum(decode_contexts))
@@ -262,6 +262,18 @@ class RooflinePredictor(Predictor):
         if self.tp > 1:
             roof += self.allreduce_time(int(tokens) + batch)
         return roof + self.eff.step_overhead_s, compute >= memory
+
+    def _chunks_roof(self, prefill_chunks: Sequence[tuple[int, int]]) -> tuple:
+        """(tokens, compute s, memory s) of a step's prompt chunks alone."""
+        tokens = sum([n for n, _ in prefill_chunks])
+        # causal pairs of a chunk of n tokens after c: n c + n (n + 1) / 2 (twice: even)
+        twice_pairs = sum([n * (2 * c + n + 1) for n, c in prefill_chunks])
+        context_read = sum([c for _, c in prefill_chunks])
+        total = float(tokens)
+        flops = (self._body_flops_per_token * total + self._lm_head_flops * len(prefill_chunks)
+                 + self._attn_flops_per_ctx * float(twice_pairs // 2))
+        nbytes = self._weights + self._kv_per_token * (total + context_read)
+        return tokens, flops / self._prefill_flops_rate, nbytes / self._prefill_bytes_rate
 
     def _decode_lines(self, batch: int) -> tuple[float, float, float, float, float]:
         """Step time = const + max(c0 + c1 * context, m0 + m1 * context), cached per batch."""

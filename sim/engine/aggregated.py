@@ -25,8 +25,10 @@ Fast-forward: a step of decodes only, with no waiting request that could join be
 next finish, repeats alike until a request finishes, the blocks run short or a request
 arrives: one run, one timer (``decode_time``), cut at the first boundary at or after an
 arrival (``decode_next_boundary``); one arriving at a boundary's instant joins the step that
-starts there (``sim.engine.router``). With lazy arrivals the instance also commits steps
-ahead of the clock (``_start``). ``fast_forward=False``: every step a timer, the oracle.
+starts there (``sim.engine.router``). The instance also commits steps ahead of the clock
+where nothing can reach it before they end (``_start``; routed, the run an arrival cuts ends
+at once when its boundary comes before the next arrival: ``kick``), its timers set as they
+would have been at those instants. ``fast_forward=False``: every step a timer, the oracle.
 
 Bookkeeping is O(1) per step, not per running request: every decoding request computes one
 token per step, so its computed tokens are ``base + it`` and it ends at a known step (a
@@ -44,6 +46,7 @@ import bisect
 import math
 import numpy as np
 
+from sim.engine.aggregated_runs import growth, run_length
 from sim.engine.timers import MovableTimer
 from sim.engine.waiting import WaitingQueue
 from traces.schema import Status
@@ -183,7 +186,7 @@ class AggregatedInstance:
                     [(n, c) for _, n, c in chunks], [b + it for b in decoding.values()])
                 steps = 1
             else:
-                steps, duration, cut = self._run_length(decodes, context, now)
+                steps, duration, cut = run_length(self, decodes, context, now)
             if not duration >= 0:
                 raise ValueError(f"aggregated instance {self.index}: a step priced at "
                                  f"{duration} s; a predictor's time must be >= 0")
@@ -283,51 +286,11 @@ class AggregatedInstance:
             k += 1
         return chunks
 
-    def _growth(self, first: int, steps: int) -> int:
-        """Blocks the decoding requests start in decode steps ``first`` .. + steps - 1 (the
-        step after ``it`` computes token ``base + it + 1``: a new block where base + it is a
-        multiple of the block size): every request once per ``block_size`` steps, and for
-        the rest, those whose residue is ``-(first - 1 + s) % block_size`` at step s: a run
-        of residues going down from ``-(first - 1) % block_size``, wrapping at 0."""
-        B, residues = self.block_size, self._residues
-        full, rest = divmod(steps, B)
-        growth = full * len(self.decoding)
-        if rest:
-            top = -(first - 1) % B + 1            # residues top - rest .. top - 1
-            low = top - rest
-            growth += (sum(residues[low:top]) if low >= 0 else
-                       sum(residues[:top]) + sum(residues[B + low:]))
-        return growth
-
-    def _run_length(self, decodes: int, context: int, now: float) -> tuple[int, float, bool]:
-        """Steps of decodes only from now and their time: to the first finish, the last step
-        whose blocks can be had, and the boundary at or after the next arrival (lazy
-        arrivals; then True: the arrival cuts the run)."""
-        steps = self._finishing[0][0] - self.it
-        # each decoding request starts at most one block per block_size steps
-        if steps > 1 and -(-(steps - 1) // self.block_size) * decodes > self.free_blocks \
-                and self._growth(self.it + 2, steps - 1) > self.free_blocks:
-            lo, hi = 1, steps                     # lo steps fit, hi do not
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if self._growth(self.it + 2, mid - 1) <= \
-                    self.free_blocks else (lo, mid)
-            steps = lo
-        decode_time = self.predictor.decode_time
-        duration = decode_time(decodes, context, steps)
-        at = self._next_at
-        # an arrival past the run's end cuts nothing (decode_next_boundary's j is ``steps``)
-        if steps > 1 and self.source is not None and at - now <= duration:
-            j, _ = self.predictor.decode_next_boundary(decodes, context, steps, at - now)
-            if j < steps:
-                return j, decode_time(decodes, context, j), True
-        return steps, duration, False
-
     def _commit(self, chunks: list, steps: int, now: float) -> None:
         """The step (or run of ``steps`` decode steps) ended at ``now``: tokens computed,
         tokens sampled, requests finished."""
         if steps > 1:
-            self.free_blocks -= self._growth(self.it + 2, steps - 1)
+            self.free_blocks -= growth(self, self.it + 2, steps - 1)
         it = self.it = self.it + steps
         finishing, ledger = self._finishing, self.ledger
         ended = []

@@ -114,9 +114,10 @@ class AggregatedInstance:
 
     def kick(self) -> None:
         """A request was enqueued: start a step if idle, else cut a run of decodes at its
-        next boundary (the request is considered there). Ahead of the clock, a boundary
-        before the next arrival is where the run ends and the next step starts, at once:
-        nothing reaches the instance before it."""
+        next boundary (the request is considered there). Ahead of the clock, when that
+        boundary comes before the next arrival and no other event is due until then, the run
+        ends there and the next step starts at once, as the timer's firing would have done
+        (every event, e.g. a streamed record's write-out, keeps its order)."""
         if self._step is None:
             self._timer.cancel()
             self._start(self.env._now)
@@ -129,7 +130,8 @@ class AggregatedInstance:
                 self._step = (start, decodes, chunks, j, context)
                 self._timer.set(start + t)
                 end = self._timer.fires_at            # the instant it would fire at
-                if self.ahead and end < self.horizon.next_arrival_at():
+                # its firing would be the next event, and the next arrival comes after it
+                if self.ahead and self._timer.next_due and end < self.horizon.next_arrival_at():
                     self._end_step(end)
                     self._ahead_end = end
                     self._start(end)

@@ -65,6 +65,12 @@ class MovableTimer:
         return self._entry[0] if self._entry is not None else math.inf
 
     @property
+    def next_due(self) -> bool:
+        """Whether the pending firing is the run's next event: nothing else is due before it,
+        nor at its instant ahead of it."""
+        return self._entry is not None and self.env._queue[0] is self._entry
+
+    @property
     def pending(self) -> bool:
         return self._entry is not None
 

@@ -88,3 +88,28 @@ def test_a_cancelled_firing_left_in_the_queue_never_fires_a_later_one():
     timer.set(4.0)
     env.run()
     assert log == [1.0, 4.0] and env.now == 4.0
+
+
+def test_a_timer_knows_its_instant_and_whether_it_is_the_next_event():
+    """``fires_at`` is the instant as a Timeout rounds it; ``next_due`` holds only while no
+    other event comes before the firing or at its instant ahead of it; ``set``'s ``now`` times
+    the firing from that instant instead of the clock's."""
+    env = simpy.Environment()
+    timer = MovableTimer(env, lambda: None)
+    assert timer.fires_at == float("inf") and not timer.next_due
+    timer.set(5.0)
+    assert timer.fires_at == 5.0 and timer.next_due
+    Timeout(env, 5.0)                             # the same instant, made later: after it
+    assert timer.next_due
+    Timeout(env, 4.0)
+    assert not timer.next_due
+    timer.set(3.0)
+    assert timer.next_due
+    env = simpy.Environment()
+    env.run(until=0.2)
+    timer = MovableTimer(env, lambda: None)
+    timer.set(1.8, now=0.6)                       # as a Timeout made at 0.6 would round it
+    assert timer.fires_at == 0.6 + (1.8 - 0.6) == 1.8000000000000003
+    timer.set(1.9)
+    timer.set(1.8)                                # from the clock: 0.2 + (1.8 - 0.2)
+    assert timer.fires_at == 1.8

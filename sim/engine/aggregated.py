@@ -194,12 +194,8 @@ class AggregatedInstance:
                                  f"{duration} s; a predictor's time must be >= 0")
             if self.log is not None:
                 self._logged = tuple(i for i in self.running if i in decoding)
-            if not self.ahead:
-                ahead = False
-            elif source is not None:
-                ahead = cut or not steady or bool(chunks)
-            else:
-                ahead = now + duration < horizon_at
+            ahead = self.ahead and (cut or not steady or bool(chunks) if source is not None
+                                    else now + duration < horizon_at)
             if not ahead:
                 self._step = (now, decodes, chunks, steps, context)
                 self._timer.set(now + duration, clock)

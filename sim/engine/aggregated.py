@@ -47,7 +47,7 @@ import math
 import numpy as np
 
 from sim.engine.aggregated_runs import growth, run_length
-from sim.engine.timers import MovableTimer
+from sim.engine.timers import MovableTimer, timeout_instant
 from sim.engine.waiting import WaitingQueue
 from traces.schema import Status
 
@@ -128,15 +128,18 @@ class AggregatedInstance:
                                                        self.env._now - start)
             if j < steps:
                 self._step = (start, decodes, chunks, j, context)
-                self._timer.set(start + t)
-                end = self._timer.fires_at            # the instant it would fire at
-                # its firing would be the next event, and the next arrival comes after it
+                end = timeout_instant(self.env._now, start + t)   # where its timer would fire
+                # the run's end is the next event (so is the boundary) and no arrival comes
+                # before the boundary: the boundary comes with nothing in between
                 if self.ahead and self._timer.next_due and end < self.horizon.next_arrival_at():
                     self._end_step(end)
                     self._ahead_end = end
                     self._start(end)
-                    if self._step is None:            # idle: nothing left to fire for
-                        self._timer.cancel()
+                    if self._step is None:            # idle: its firing stays, inert, where
+                        self._timer.set(start + t)    # the boundary's would have been (the
+                        self._timer.cancel()          # run's last instant is the same)
+                else:
+                    self._timer.set(start + t)
 
     # -- the step loop --------------------------------------------------------------------
     def _on_timer(self) -> None:

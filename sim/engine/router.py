@@ -181,6 +181,7 @@ class PoolRouter:
         self.reasons = ledger.judge(self.reject_codes)
         self._event = Event(env)
         self._event._ok, self._event._value = True, None
+        self._callbacks = [self._arrive]          # SimPy only reads an event's callback list
         for a in aggregated:                      # no one looks at them between arrivals
             a.horizon, a.ahead = self, a.fast_forward
         self._arm()
@@ -201,7 +202,7 @@ class PoolRouter:
         if i == ledger.n:
             return
         now, at = self.env._now, ledger.arrival_at[i]
-        self._event.callbacks = [self._arrive]
+        self._event.callbacks = self._callbacks
         schedule_after(self.env, at - now if at > now else 0.0, self._event, URGENT)
 
     def _arrive(self, _event) -> None:

@@ -40,6 +40,12 @@ from simpy.core import Environment
 from simpy.events import NORMAL, Event
 
 
+def timeout_instant(now: float, at: float) -> float:
+    """The instant a ``Timeout`` of ``at - now`` made at ``now`` fires at (``now`` if ``at``
+    has passed): ``now + (at - now)``, which may round away from ``at``."""
+    return now + (at - now) if at > now else now
+
+
 class MovableTimer:
     """Calls ``callback()`` at the instant last given to ``set``; ``cancel`` makes the
     pending firing do nothing. At most one firing is pending at a time."""
@@ -92,14 +98,13 @@ class MovableTimer:
             else:
                 self._spare = None
             event.callbacks = self._callbacks
-            self._entry = entry = (now + (at - now) if at > now else now, NORMAL,
-                                   next(env._eid), event)
+            self._entry = entry = (timeout_instant(now, at), NORMAL, next(env._eid), event)
             heappush(env._queue, entry)
             return
         if at == self._at:
             return                              # pending there already
         self._at = at                           # pending: move it
-        at = now + (at - now) if at > now else now
+        at = timeout_instant(now, at)
         entry = self._entry = (at, NORMAL, next(env._eid), old[3])
         queue = env._queue
         if queue[0] is old:                     # the next event (often): O(1) or O(log n)

@@ -129,9 +129,9 @@ class AggregatedInstance:
             if j < steps:
                 self._step = (start, decodes, chunks, j, context)
                 end = timeout_instant(self.env._now, start + t)   # where its timer would fire
-                # the run's end is the next event (so is the boundary) and no arrival comes
-                # before the boundary: the boundary comes with nothing in between
-                if self.ahead and self._timer.next_due and end < self.horizon.next_arrival_at():
+                # no event and no arrival comes before the boundary: nothing in between
+                if (self.ahead and self._timer.first_until(end)
+                        and end < self.horizon.next_arrival_at()):
                     self._end_step(end)
                     self._ahead_end = end
                     self._start(end)

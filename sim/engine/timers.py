@@ -70,11 +70,11 @@ class MovableTimer:
         inf: none is pending)."""
         return self._entry[0] if self._entry is not None else math.inf
 
-    @property
-    def next_due(self) -> bool:
-        """Whether the pending firing is the run's next event: nothing else is due before it,
-        nor at its instant ahead of it."""
-        return self._entry is not None and self.env._queue[0] is self._entry
+    def first_until(self, at: float) -> bool:
+        """Whether no event is due at or before the instant ``at`` (this timer's own firing
+        may be pending later): a firing set for ``at`` now would be the run's next event."""
+        queue = self.env._queue
+        return not queue or at < queue[0][0]
 
     @property
     def pending(self) -> bool:

@@ -284,3 +284,31 @@ def test_a_request_longer_than_the_model_context_is_rejected_at_its_arrival():
     rec = simulate(from_dict({"cluster": {"kind": "aggregated"}}), trace).records
     assert rec["status"].tolist() == ["ok", "rejected_prompt_too_long", "ok"]
     assert rec["finished_at"][1] == 1.0
+
+
+def test_a_routed_run_cut_before_the_next_arrival_ends_there_without_a_timer():
+    """Steps cost 1 s + 0.1 s per prompt token. r0 (10 + 20 tokens) decodes from 2.0; r1
+    arrives at 5.5 and joins at the boundary 6.0 (its step 6.0-7.3, its last token 8.3); r0
+    ends 13 steps later at 21.3, r2 runs alone from its arrival at 50. Nothing can reach the
+    instance before each step ends, so every step is committed at once: no timer fires."""
+    trace = make_trace([0.0, 5.5, 50.0], [10, 3, 2], [20, 2, 2])
+    runs = []
+    for fast in (False, True):
+        env = simpy.Environment()
+        ledger = Ledger(trace)
+        inst = AggregatedInstance(env, 0, ledger, StepClock(), max_batch_size=2,
+                                  max_batch_tokens=16, num_blocks=30, block_size=4,
+                                  fast_forward=fast)
+        inst.log = []
+        PoolRouter(env, ledger, [inst], least_work, 10_000)
+        env.run()
+        runs.append((inst, ledger.frame()))
+    (slow, rec_slow), (fast, rec_fast) = runs
+    assert fast.log == [(0.0, 2.0, (), ((0, 10, 0),), 1), (2.0, 6.0, (0,), (), 4),
+                        (6.0, 7.3, (0,), ((1, 3, 0),), 1), (7.3, 8.3, (0, 1), (), 1),
+                        (8.3, 21.3, (0,), (), 13), (50.0, 51.2, (), ((2, 2, 0),), 1),
+                        (51.2, 52.2, (2,), (), 1)]
+    assert fast.num_wakeups == 0 < slow.num_wakeups
+    assert rec_fast["finished_at"].tolist() == pytest.approx([21.3, 8.3, 52.2], abs=1e-12)
+    for name in INSTANTS:
+        np.testing.assert_allclose(rec_fast[name], rec_slow[name], rtol=0, atol=1e-12)

@@ -146,11 +146,20 @@ def test_an_aggregated_cluster_runs_as_cells(tmp_path, instances, indices):
 def test_bench_aggregated_case_reports_its_figures():
     from sim.bench import speed
 
-    report = speed.aggregated_case(0.5, 300, seed=0, repeats=1, num_instances=2)
+    report = speed.aggregated_case(0.5, 300, seed=0, repeats=2, num_instances=2)
     assert report["requests_per_bare_event"] > 0 and report["long_output_wall_ratio"] > 0
     assert report["wakeups_per_request"] > 0
+    # the P/D run of the same trace is the baseline, timed in the same repeats
+    assert report["per_request_vs_disaggregated"] == pytest.approx(
+        report["wall_s"] / report["disaggregated_wall_s"])
+    assert all(len(v) == 2 and min(v) > 0 for v in report["per_repeat"].values())
+    # every request served, each with 10x the output: 10x the tokens, a tenth per token
+    assert report["long_output_output_tokens"] == 10 * report["output_tokens"] > 0
+    assert report["long_output_per_token_ratio"] == pytest.approx(
+        report["long_output_wall_ratio"] / 10)
     text = speed.format_report({**_bench_stub(), "aggregated": [report]})
-    assert "aggregated 2x A100 TP4" in text
+    assert "aggregated 2x A100 TP4" in text and "per request vs P/D" in text
+    assert "per output token" in text and "each repeat" in text
 
 
 def _bench_stub() -> dict:

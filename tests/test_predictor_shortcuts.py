@@ -55,3 +55,35 @@ def test_memory_bound_batches_are_memoised_only_where_the_memory_line_always_win
     for batch in (1, 8, 64, 512, 65536):
         const, c0, c1, m0, m1 = p._decode_lines(batch)
         assert (p._memory_bound[batch] is not None) == (m0 >= c0 and m1 >= c1)
+
+
+def test_past_a_runs_end_the_next_boundary_is_its_last():
+    """The aggregated engine asks for an arrival's boundary only within the run: one past
+    its end must cut nothing, on memory- and compute-bound batches alike."""
+    rng = np.random.default_rng(2)
+    kinds = set()
+    for make in predictors():
+        p = make()
+        for _ in range(100):
+            batch = int(rng.choice([1, 3, 32, 512, 4096]))
+            context, steps = int(rng.integers(0, 2_000_000)), int(rng.integers(1, 3000))
+            end = p.decode_time(batch, context, steps)
+            for elapsed in (np.nextafter(end, np.inf), end * (1 + float(rng.random()))):
+                assert p.decode_next_boundary(batch, context, steps, float(elapsed)) == (
+                    steps, end)
+            kinds.add(p._memory_bound[batch] is None)
+    assert kinds == {False, True}
+
+
+def test_a_mixed_step_of_a_new_prompt_is_the_same_float_once_memoised():
+    rng = np.random.default_rng(3)
+    for make in predictors():
+        warm = make()
+        for _ in range(50):
+            n = int(rng.integers(1, 8192))
+            contexts = rng.integers(1, 20_000, size=int(rng.integers(0, 40))).tolist()
+            first = warm.mixed_step([(n, 0)], contexts)
+            assert warm.mixed_step([(n, 0)], contexts) == first == make().mixed_step(
+                [(n, 0)], contexts)
+            assert warm.mixed_step([(n, 0), (5, 0)], contexts) == make().mixed_step(
+                [(n, 0), (5, 0)], contexts)

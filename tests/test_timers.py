@@ -88,3 +88,24 @@ def test_a_cancelled_firing_left_in_the_queue_never_fires_a_later_one():
     timer.set(4.0)
     env.run()
     assert log == [1.0, 4.0] and env.now == 4.0
+
+
+def test_a_timer_knows_its_instant_and_whether_an_instant_comes_first():
+    """``fires_at`` is the instant as a Timeout rounds it; ``first_until(at)`` holds while no
+    event (bar the timer's own, later) is due at or before ``at``; ``set``'s ``now`` times
+    the firing from that instant instead of the clock's."""
+    env = simpy.Environment()
+    timer = MovableTimer(env, lambda: None)
+    assert timer.fires_at == float("inf") and timer.first_until(100.0)
+    timer.set(5.0)
+    assert timer.fires_at == 5.0 and timer.first_until(4.9) and not timer.first_until(5.0)
+    Timeout(env, 3.0)
+    assert timer.first_until(2.9) and not timer.first_until(3.0)
+    env = simpy.Environment()
+    env.run(until=0.2)
+    timer = MovableTimer(env, lambda: None)
+    timer.set(1.8, now=0.6)                       # as a Timeout made at 0.6 would round it
+    assert timer.fires_at == 0.6 + (1.8 - 0.6) == 1.8000000000000003
+    timer.set(1.9)
+    timer.set(1.8)                                # from the clock: 0.2 + (1.8 - 0.2)
+    assert timer.fires_at == 1.8

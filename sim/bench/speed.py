@@ -12,8 +12,11 @@ Prints, for a Chatbot run near the knee:
   same arrival rate. The latter is 10x the decode demand of a run at the knee: the queue
   grows without bound and the full KV pool preempts and restores requests over and over
   (``num_preemptions_per_request``), so its cost is per preemption, not per output token;
-- the same two figures for an aggregated cluster on as many devices (``aggregated_case``):
-  requests per bare event at the same rate, and the 10x-output ratio at equal offered load;
+- for an aggregated cluster of one instance and of two (as many devices as the P/D
+  cluster; ``aggregated_case``): requests per bare event at the same rate, the CPU per
+  request against the P/D run of the same trace timed beside it (target
+  ``AGGREGATED_VS_DISAGGREGATED_TARGET``), and with 10x outputs at equal offered load, the
+  CPU ratio per request (target ``LONG_OUTPUT_RATIO_TARGET``) and per output token;
 - the start-up of ``hawk simulate``: a fresh interpreter's seconds up to its first simulated
   event (imports, config, trace; ``startup_s`` in CPU seconds, ``startup_wall_s`` on the
   clock; target ``STARTUP_TARGET_S``);
@@ -39,6 +42,10 @@ import time
 
 import simpy
 
+from sim.bench.speed_report import (AGGREGATED_VS_DISAGGREGATED_TARGET,  # noqa: F401
+                                    LONG_OUTPUT_RATIO_TARGET, REQUESTS_PER_EVENT_TARGET,
+                                    STARTUP_TARGET_S, format_report, missed_targets,
+                                    target_checks)
 from sim.engine.cluster import simulate
 from sim.config import RunConfig
 from sim.runs.sweep import summarize_sweep, sweep
@@ -81,10 +88,6 @@ try:
 except FirstEvent:
     print(time.process_time(), time.perf_counter() - wall, time.time())
 """
-#: the goals of ``hawk bench`` (printed beside the measured figures)
-REQUESTS_PER_EVENT_TARGET = 0.06
-LONG_OUTPUT_RATIO_TARGET = 2.0
-STARTUP_TARGET_S = 0.5
 
 
 def startup_seconds(timeout_s: float = 120.0) -> tuple[float, float]:
@@ -265,6 +268,7 @@ def run(num_requests: int = 100_000, rate: float | None = None, seed: int = 0,
         report["peak_rss_mb"] = peak_memory_mb(memory_requests, rate, stream=False, seed=seed)
         report["peak_rss_mb_streamed"] = peak_memory_mb(memory_requests, rate, stream=True,
                                                         seed=seed)
+    report["targets_missed"] = missed_targets(report)
     return report
 
 
@@ -280,24 +284,39 @@ def aggregated_config(seed: int = 0, num_instances: int = 1) -> RunConfig:
 
 def aggregated_case(rate: float, num_requests: int, seed: int, repeats: int,
                     num_instances: int = 1) -> dict:
-    """Requests per bare event of an aggregated Chatbot run at ``rate`` (the P/D run's),
-    and its wall ratio with 10x outputs at 1/10 the rate (the same output tokens per
-    second). Best of ``repeats``, each beside its own bare loop."""
+    """An aggregated Chatbot run at ``rate`` (the P/D run's): its requests per bare event,
+    its CPU per request against the P/D run of the same trace (the default cluster, timed
+    beside it in every repeat: ``per_request_vs_disaggregated``, target
+    ``AGGREGATED_VS_DISAGGREGATED_TARGET``), and the same requests with 10x outputs at 1/10
+    the rate (the same output tokens per second, the simulated span 10x as long): the
+    CPU ratio per request (``long_output_wall_ratio``, target ``LONG_OUTPUT_RATIO_TARGET``)
+    and per output token simulated (``long_output_per_token_ratio``; about a tenth of the
+    former: fast-forward prices a run of decodes at once, whatever its length). Best of
+    ``repeats``, each beside its own bare loop; ``per_repeat``: each repeat's own ratios."""
     config = aggregated_config(seed, num_instances)
-    runs = {"1x": make_workload("chatbot", rate, num_requests, seed=seed),
-            "10x": _longer_outputs(rate / 10, num_requests, seed)}
+    trace = make_workload("chatbot", rate, num_requests, seed=seed)
+    runs = {"1x": (config, trace),
+            "10x": (config, _longer_outputs(rate / 10, num_requests, seed)),
+            "disaggregated": (RunConfig(seed=seed), trace)}
+    simulate(config, make_workload("chatbot", rate, 200, seed=seed))   # imports, e.g. pandas
     walls = dict.fromkeys(runs, math.inf)
     results: dict = {}
     bare = 0.0
+    per_repeat: dict[str, list[float]] = {"per_request_vs_disaggregated": [],
+                                          "long_output_wall_ratio": []}
     for _ in range(repeats):
         bare = max(bare, bare_event_rate())
-        for name, trace in runs.items():
-            wall, results[name] = _timed(config, trace)
-            walls[name] = min(walls[name], wall)
+        now: dict[str, float] = {}
+        for name, (c, t) in runs.items():
+            now[name], results[name] = _timed(c, t)
+            walls[name] = min(walls[name], now[name])
+        per_repeat["per_request_vs_disaggregated"].append(now["1x"] / now["disaggregated"])
+        per_repeat["long_output_wall_ratio"].append(now["10x"] / now["1x"])
 
     def per_request(name: str, key: str) -> float:
         return sum(results[name].stats[key]) / num_requests
 
+    tokens = {name: _output_tokens(results[name]) for name in ("1x", "10x")}
     return {
         "num_instances": num_instances,
         "requests_per_bare_event": num_requests / walls["1x"] / bare,
@@ -305,52 +324,20 @@ def aggregated_case(rate: float, num_requests: int, seed: int, repeats: int,
         "slo_attainment": results["1x"].summary["slo_attainment"],
         "wakeups_per_request": per_request("1x", "aggregated_wakeups"),
         "preemptions_per_request": per_request("1x", "aggregated_preemptions"),
+        "disaggregated_wall_s": walls["disaggregated"],
+        "per_request_vs_disaggregated": walls["1x"] / walls["disaggregated"],
+        "long_output_wall_s": walls["10x"],
         "long_output_wall_ratio": walls["10x"] / walls["1x"],
+        "output_tokens": tokens["1x"],
+        "long_output_output_tokens": tokens["10x"],
+        "long_output_per_token_ratio": (walls["10x"] / max(tokens["10x"], 1))
+                                       / (walls["1x"] / max(tokens["1x"], 1)),
         "long_output_wakeups_per_request": per_request("10x", "aggregated_wakeups"),
+        "per_repeat": per_repeat,
     }
 
 
-def format_report(r: dict) -> str:
-    lines = [
-        f"Chatbot, {r['num_requests']:,} requests at {r['rate']:g} req/s "
-        f"(SLO attainment {100 * r['slo_attainment']:.1f}%); best of {r['repeats']} "
-        f"interleaved runs, CPU time"
-        + (f", Python {r['python']}, SimPy {r['simpy']}" if "python" in r else ""),
-        f"  simulated requests/s     {r['simulated_requests_per_s']:>12,.0f}   "
-        f"({r['wall_s']:.2f} s wall)",
-        f"  bare SimPy events/s      {r['bare_simpy_events_per_s']:>12,.0f}",
-        f"  requests per bare event  {r['requests_per_bare_event']:>12.4f}   "
-        f"(target >= {REQUESTS_PER_EVENT_TARGET:g}; "
-        f"{r['decode_wakeups_per_request']:.2f} decode timer firings per request)",
-        f"  10x longer outputs       {r['long_output_wall_ratio']:>12.2f}x wall "
-        f"({r['long_output_wall_s']:.2f} s at {r['long_output_rate']:g} req/s, the same "
-        f"output tokens/s; target < {LONG_OUTPUT_RATIO_TARGET:g}x)",
-        f"    at the same req/s      {r['long_output_same_rate_wall_ratio']:>12.2f}x wall "
-        f"({r['long_output_same_rate_wall_s']:.2f} s; 10x the decode demand, overloaded: "
-        f"{r['long_output_same_rate_preemptions_per_request']:.2f} preemptions per request)",
-        f"  start-up to first event  {r['startup_s']:>12.3f} s CPU "
-        f"({r['startup_wall_s']:.3f} s wall; target < {STARTUP_TARGET_S:g} s)",
-    ]
-    for a in r.get("aggregated", ()):
-        lines += [
-            f"  {'aggregated %dx A100 TP4' % a['num_instances']:<25}"
-            f"{a['requests_per_bare_event']:>12.4f}   requests per bare event (SLO attainment {100 * a['slo_attainment']:.1f}%; "
-            f"{a['wakeups_per_request']:.2f} timer firings per request)",
-            f"    10x longer outputs     {a['long_output_wall_ratio']:>12.2f}x wall "
-            f"(the same output tokens/s; {a['long_output_wakeups_per_request']:.2f} firings "
-            f"per request)"]
-    spread = r.get("per_repeat")
-    if spread and len(spread["requests_per_bare_event"]) > 1:
-        def span(key: str, fmt: str) -> str:
-            return f"{min(spread[key]):{fmt}}-{max(spread[key]):{fmt}}"
-
-        lines.append(f"  each repeat on its own   requests per bare event "
-                     f"{span('requests_per_bare_event', '.4f')} "
-                     f"(median {r['requests_per_bare_event_paired_median']:.4f}), 10x "
-                     f"{span('long_output_wall_ratio', '.2f')}x, at the same req/s "
-                     f"{span('long_output_same_rate_wall_ratio', '.2f')}x")
-    if "peak_rss_mb" in r:
-        lines.append(f"  peak memory, {r['memory_requests']:,} requests "
-                     f"{r['peak_rss_mb']:>7,.0f} MB in memory, "
-                     f"{r['peak_rss_mb_streamed']:,.0f} MB streamed")
-    return "\n".join(lines)
+def _output_tokens(result) -> int:
+    """Output tokens the run generated (its finished requests')."""
+    rec = result.records
+    return int(rec.loc[rec["status"] == "ok", "num_output_tokens"].sum())

@@ -25,8 +25,10 @@ Fast-forward: a step of decodes only, with no waiting request that could join be
 next finish, repeats alike until a request finishes, the blocks run short or a request
 arrives: one run, one timer (``decode_time``), cut at the first boundary at or after an
 arrival (``decode_next_boundary``); one arriving at a boundary's instant joins the step that
-starts there (``sim.engine.router``). With lazy arrivals the instance also commits steps
-ahead of the clock (``_start``). ``fast_forward=False``: every step a timer, the oracle.
+starts there (``sim.engine.router``). The instance also commits steps ahead of the clock
+where nothing can reach it before they end (``_start``; routed, the run an arrival cuts ends
+at once when its boundary comes before the next arrival: ``kick``), its timers set as they
+would have been at those instants. ``fast_forward=False``: every step a timer, the oracle.
 
 Bookkeeping is O(1) per step, not per running request: every decoding request computes one
 token per step, so its computed tokens are ``base + it`` and it ends at a known step (a
@@ -48,7 +50,8 @@ import bisect
 import math
 import numpy as np
 
-from sim.engine.timers import MovableTimer
+from sim.engine.aggregated_runs import growth, run_length
+from sim.engine.timers import MovableTimer, timeout_instant
 from sim.engine.waiting import WaitingQueue
 from traces.schema import Status
 
@@ -95,14 +98,14 @@ class AggregatedInstance:
         self.ahead = False                    # commit ahead of the clock, up to ``horizon``
         self.horizon = None                   # its arrivals (next_arrival_at()), if ahead
         self._ahead_end = 0.0                 # the end of the latest run committed ahead
-        self._planned = (-1, 0, 0)            # (it, steps, blocks) of the run last planned
+        self._next_at = -math.inf             # lazy arrivals: the next one not yet admitted
         self.prefix = None                    # its prefix cache, or None
 
     # -- what the router sees -------------------------------------------------------------
     @property
     def load(self) -> int:
         """Requests assigned here and not yet ended."""
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting.items) + len(self.running)
 
     def enqueue(self, i: int) -> None:
         """The router assigns arrived request ``i`` here."""
@@ -116,7 +119,10 @@ class AggregatedInstance:
 
     def kick(self) -> None:
         """A request was enqueued: start a step if idle, else cut a run of decodes at its
-        next boundary (the request is considered there)."""
+        next boundary (the request is considered there). Ahead of the clock, when that
+        boundary comes before the next arrival and no other event is due until then, the run
+        ends there and the next step starts at once, as the timer's firing would have done
+        (every event, e.g. a streamed record's write-out, keeps its order)."""
         if self._step is None:
             self._timer.cancel()
             self._start(self.env._now)
@@ -127,21 +133,36 @@ class AggregatedInstance:
                                                        self.env._now - start)
             if j < steps:
                 self._step = (start, decodes, chunks, j, context)
-                self._timer.set(start + t)
+                end = timeout_instant(self.env._now, start + t)   # where its timer would fire
+                # no event and no arrival comes before the boundary: nothing in between
+                if (self.ahead and self._timer.first_until(end)
+                        and end < self.horizon.next_arrival_at()):
+                    self._end_step(end)
+                    self._ahead_end = end
+                    self._start(end)
+                    if self._step is None:            # idle: its firing stays, inert, where
+                        self._timer.set(start + t)    # the boundary's would have been (the
+                        self._timer.cancel()          # run's last instant is the same)
+                else:
+                    self._timer.set(start + t)
 
     # -- the step loop --------------------------------------------------------------------
     def _on_timer(self) -> None:
         self.num_wakeups += 1
         now = self.env._now
         if self._step is not None:
-            start, decodes, chunks, steps, _ = self._step
-            self._step = None
-            self.busy_time += now - start
-            self.num_steps += steps
-            if self.log is not None:
-                self.log.append((start, now, self._logged, tuple(chunks), steps))
-            self._commit(chunks, steps, now)
+            self._end_step(now)
         self._start(now)
+
+    def _end_step(self, now: float) -> None:
+        """The step (or run) in progress ends at ``now``."""
+        start, decodes, chunks, steps, _ = self._step
+        self._step = None
+        self.busy_time += now - start
+        self.num_steps += steps
+        if self.log is not None:
+            self.log.append((start, now, self._logged, tuple(chunks), steps))
+        self._commit(chunks, steps, now)
 
     def _start(self, now: float) -> None:
         """Schedule the step starting ``now`` (or sleep until the next arrival).
@@ -152,38 +173,40 @@ class AggregatedInstance:
         instance admits them itself): a step with prompt chunks, or a run of decodes that
         the next arrival cuts. Either way the instance runs at most about one arrival ahead;
         the rest are timers."""
+        source, decoding = self.source, self.decoding
+        clock = now          # the clock's instant when the step was due: timers are set from it
+        # routed: the next arrival is routed after this returns (no event runs meanwhile)
+        horizon_at = (self.horizon.next_arrival_at() if self.ahead and source is None
+                      else math.inf)
         while True:
-            if self.source is not None:
-                self.source.admit_until(now)
+            if source is not None and now >= self._next_at:
+                self._next_at = source.admit_until(now)
             chunks, steady = self._schedule(now)
-            decodes = len(self.decoding)
+            decodes = len(decoding)
             if not decodes and not chunks:
-                at = self.source.next_arrival_at() if self.source is not None else math.inf
+                at = self._next_at if source is not None else math.inf
                 if at < math.inf:
-                    self._timer.set(at)
+                    self._timer.set(at, clock)
                 return
             context = self._base_sum + decodes * (self.it + 1)   # KVs and new tokens
             cut = False
             if chunks or not (steady and self.fast_forward):
                 it = self.it + 1
                 duration = self.predictor.mixed_step_time(
-                    [(n, c) for _, n, c in chunks], [b + it for b in self.decoding.values()])
+                    [(n, c) for _, n, c in chunks], [b + it for b in decoding.values()])
                 steps = 1
             else:
-                steps, cut = self._run_length(decodes, context, now)
-                duration = self.predictor.decode_time(decodes, context, steps)
+                steps, duration, cut = run_length(self, decodes, context, now)
             if not duration >= 0:
                 raise ValueError(f"aggregated instance {self.index}: a step priced at "
                                  f"{duration} s; a predictor's time must be >= 0")
             if self.log is not None:
-                self._logged = tuple(i for i in self.running if i in self.decoding)
-            if self.source is not None:
-                ahead = cut or not steady or bool(chunks)
-            else:
-                ahead = now + duration < self.horizon.next_arrival_at() if self.ahead else False
-            if not (self.ahead and ahead):
+                self._logged = tuple(i for i in self.running if i in decoding)
+            ahead = self.ahead and (cut or not steady or bool(chunks) if source is not None
+                                    else now + duration < horizon_at)
+            if not ahead:
                 self._step = (now, decodes, chunks, steps, context)
-                self._timer.set(now + duration)
+                self._timer.set(now + duration, clock)
                 return
             end = self._ahead_end = now + duration
             self.busy_time += duration
@@ -201,19 +224,20 @@ class AggregatedInstance:
         B, computed = self.block_size, self.computed
         budget = self.max_batch_tokens - len(self.decoding)
         need = self._residues[-self.it % B]       # decodes that start a block
-        partial = []
-        for i, c in computed.items():             # (at most the newest: it was cut)
-            if budget <= 0:
-                break
-            n = min(self.ledger.prompt[i] + self.generated[i] - c, budget)
-            need += -(-(c + n) // B) + (-c // B)
-            partial.append((i, n, c))
-            budget -= n
+        chunks = []
+        if computed:                              # (at most the newest: it was cut)
+            prompt, generated = self.ledger.prompt, self.generated
+            for i, c in computed.items():
+                if budget <= 0:
+                    break
+                n = min(prompt[i] + generated[i] - c, budget)
+                need += -(-(c + n) // B) + (-c // B)
+                chunks.append((i, n, c))
+                budget -= n
         if need > self.free_blocks:
             return self._schedule_short(), False
         self.free_blocks -= need
-        chunks = partial
-        if budget <= 0 or not self.waiting or len(self.running) >= self.max_batch_size:
+        if budget <= 0 or not self.waiting.items or len(self.running) >= self.max_batch_size:
             return chunks, not chunks
         return self._admit(now, chunks, budget)
 
@@ -222,8 +246,9 @@ class AggregatedInstance:
         sequences and the blocks allow: a head that cannot have its blocks stops the rest."""
         B, prompt, running, waiting = (self.block_size, self.ledger.prompt, self.running,
                                        self.waiting)
-        while waiting and budget and len(running) < self.max_batch_size:
-            i = waiting.head()
+        items = waiting.items                     # its head first
+        while items and budget and len(running) < self.max_batch_size:
+            i = items[0]
             h = 0 if self.prefix is None else self.prefix.peek(i, prompt[i] + self.generated[i])
             n = min(prompt[i] + self.generated[i] - h, budget)
             need = -(-(h + n) // B)
@@ -270,45 +295,11 @@ class AggregatedInstance:
             k += 1
         return chunks
 
-    def _growth(self, first: int, steps: int) -> int:
-        """Blocks the decoding requests start in decode steps ``first`` .. + steps - 1 (the
-        step after ``it`` computes token ``base + it + 1``: a new block where base + it is a
-        multiple of the block size)."""
-        B, residues = self.block_size, self._residues
-        full, rest = divmod(steps, B)
-        return full * len(self.decoding) + sum([residues[-(first - 1 + s) % B]
-                                                for s in range(rest)])
-
-    def _run_length(self, decodes: int, context: int, now: float) -> tuple[int, bool]:
-        """Steps of decodes only from now: to the first finish, the last step whose blocks
-        can be had, and the boundary at or after the next arrival (lazy arrivals; then True:
-        the arrival cuts the run)."""
-        steps = self._finishing[0][0] - self.it
-        growth = self._growth(self.it + 2, steps - 1) if steps > 1 else 0
-        if growth > self.free_blocks:
-            lo, hi = 1, steps                     # lo steps fit, hi do not
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if self._growth(self.it + 2, mid - 1) <= \
-                    self.free_blocks else (lo, mid)
-            steps = lo
-            growth = self._growth(self.it + 2, steps - 1)
-        self._planned = (self.it, steps, growth)  # the commit's blocks, if it runs them all
-        if steps > 1 and self.source is not None:
-            at = self.source.next_arrival_at()
-            if at < math.inf:
-                j, _ = self.predictor.decode_next_boundary(decodes, context, steps, at - now)
-                if j < steps:
-                    return j, True
-        return steps, False
-
     def _commit(self, chunks: list, steps: int, now: float) -> None:
         """The step (or run of ``steps`` decode steps) ended at ``now``: tokens computed,
         tokens sampled, requests finished."""
         if steps > 1:
-            it, planned, growth = self._planned
-            self.free_blocks -= (growth if (it, planned) == (self.it, steps)
-                                 else self._growth(self.it + 2, steps - 1))
+            self.free_blocks -= growth(self, self.it + 2, steps - 1)
         it = self.it = self.it + steps
         finishing, ledger = self._finishing, self.ledger
         ended = []
@@ -316,6 +307,23 @@ class AggregatedInstance:
             _, i = finishing.pop(0)
             self._undecode(i)
             ended.append(i)
+        if chunks:
+            self._sample(chunks, it, now, ended)
+        if ended:
+            for i in ended:
+                ledger.finish(i, now)
+                if self.prefix is not None:
+                    self.prefix.release(i)
+            if len(ended) == 1:
+                self.running.remove(ended[0])
+            else:
+                gone = set(ended)
+                self.running = [i for i in self.running if i not in gone]
+
+    def _sample(self, chunks: list, it: int, now: float, ended: list) -> None:
+        """The step's prompt chunks are computed: a chunk that computes its request's last
+        token samples one; the request decodes from then on, or ends (into ``ended``)."""
+        ledger = self.ledger
         prompt, output, generated = ledger.prompt, ledger.output, self.generated
         for i, n, _ in chunks:
             c = self.computed[i] = self.computed[i] + n
@@ -332,19 +340,9 @@ class AggregatedInstance:
                 continue
             del generated[i]                      # from now on base + it tells it
             base = self.decoding[i] = c - it
-            bisect.insort(finishing, (prompt[i] + output[i] - 1 - base, i))
+            bisect.insort(self._finishing, (prompt[i] + output[i] - 1 - base, i))
             self._residues[base % self.block_size] += 1
             self._base_sum += base
-        if ended:
-            for i in ended:
-                ledger.finish(i, now)
-                if self.prefix is not None:
-                    self.prefix.release(i)
-            if len(ended) == 1:
-                self.running.remove(ended[0])
-            else:
-                gone = set(ended)
-                self.running = [i for i in self.running if i not in gone]
 
     def _undecode(self, i: int) -> int:
         """Decoding ``i`` stops (it ends or is preempted): its blocks are freed. Returns the

@@ -138,16 +138,22 @@ class LazyArrivals:
         instance.ahead = instance.fast_forward    # it knows every arrival: commit ahead
         instance.env.timeout(0).callbacks.append(lambda _ev: instance.kick())
 
-    def admit_until(self, now: float) -> None:
+    def admit_until(self, now: float) -> float:
+        """Admit every request that has arrived by ``now``; returns ``next_arrival_at()``."""
         i, n, ledger = self.next, self.ledger.n, self.ledger
         arrivals, reasons, enqueue = ledger.arrival_at, self.reasons, self.instance.enqueue
-        while i < n and arrivals[i] <= now:
+        while i < n:
+            at = arrivals[i]
+            if at > now:
+                self.next = i
+                return at
             if reasons[i] is None:
                 enqueue(i)
             else:
-                ledger.fail(i, reasons[i], arrivals[i])
+                ledger.fail(i, reasons[i], at)
             i += 1
         self.next = i
+        return math.inf
 
     def next_arrival_at(self) -> float:
         return self.ledger.arrival_at[self.next] if self.next < self.ledger.n else math.inf
@@ -175,6 +181,7 @@ class PoolRouter:
         self.reasons = ledger.judge(self.reject_codes)
         self._event = Event(env)
         self._event._ok, self._event._value = True, None
+        self._callbacks = [self._arrive]          # SimPy only reads an event's callback list
         for a in aggregated:                      # no one looks at them between arrivals
             a.horizon, a.ahead = self, a.fast_forward
         self._arm()
@@ -195,7 +202,7 @@ class PoolRouter:
         if i == ledger.n:
             return
         now, at = self.env._now, ledger.arrival_at[i]
-        self._event.callbacks = [self._arrive]
+        self._event.callbacks = self._callbacks
         schedule_after(self.env, at - now if at > now else 0.0, self._event, URGENT)
 
     def _arrive(self, _event) -> None:
@@ -204,7 +211,7 @@ class PoolRouter:
         reason = self.reasons[i]
         if reason is not None:
             self.ledger.fail(i, reason, self.ledger.arrival_at[i])
-        elif self._to_aggregated(i):
+        elif not self.prefills or self._to_aggregated(i):
             live = [a for a in self.aggregated if not a.lost] or self.aggregated
             k = self.route([a.load for a in live], [a.free_blocks for a in live],
                            self.num_routed[0])

@@ -40,6 +40,12 @@ from simpy.core import Environment
 from simpy.events import NORMAL, Event
 
 
+def timeout_instant(now: float, at: float) -> float:
+    """The instant a ``Timeout`` of ``at - now`` made at ``now`` fires at (``now`` if ``at``
+    has passed): ``now + (at - now)``, which may round away from ``at``."""
+    return now + (at - now) if at > now else now
+
+
 class MovableTimer:
     """Calls ``callback()`` at the instant last given to ``set``; ``cancel`` makes the
     pending firing do nothing. At most one firing is pending at a time."""
@@ -59,16 +65,30 @@ class MovableTimer:
         return self._at if self._entry is not None else math.inf
 
     @property
+    def fires_at(self) -> float:
+        """The clock's instant of the pending firing (``at`` as a ``Timeout`` would round it;
+        inf: none is pending)."""
+        return self._entry[0] if self._entry is not None else math.inf
+
+    def first_until(self, at: float) -> bool:
+        """Whether no event is due at or before the instant ``at`` (this timer's own firing
+        may be pending later): a firing set for ``at`` now would be the run's next event."""
+        queue = self.env._queue
+        return not queue or at < queue[0][0]
+
+    @property
     def pending(self) -> bool:
         return self._entry is not None
 
-    def set(self, at: float) -> None:
+    def set(self, at: float, now: float | None = None) -> None:
         """Fire at ``at`` (now, if ``at`` has passed; timed as a ``Timeout`` of ``at - now``
         would be): move the pending firing there, or schedule one. A firing pending at ``at``
-        already keeps its place."""
+        already keeps its place. ``now``: the instant to time it from, if not the clock's (a
+        component that ran ahead of the clock sets it as it would have then)."""
         old = self._entry
         env = self.env
-        now = env._now
+        if now is None:
+            now = env._now
         if old is None:                         # none pending (often: set from its firing)
             self._at = at
             event = self._spare
@@ -78,14 +98,13 @@ class MovableTimer:
             else:
                 self._spare = None
             event.callbacks = self._callbacks
-            self._entry = entry = (now + (at - now) if at > now else now, NORMAL,
-                                   next(env._eid), event)
+            self._entry = entry = (timeout_instant(now, at), NORMAL, next(env._eid), event)
             heappush(env._queue, entry)
             return
         if at == self._at:
             return                              # pending there already
         self._at = at                           # pending: move it
-        at = now + (at - now) if at > now else now
+        at = timeout_instant(now, at)
         entry = self._entry = (at, NORMAL, next(env._eid), old[3])
         queue = env._queue
         if queue[0] is old:                     # the next event (often): O(1) or O(log n)

@@ -151,6 +151,7 @@ class RooflinePredictor(Predictor):
         # take it with one lookup and no comparison of the lines (the same floats).
         self._memory_bound: dict[int, tuple | None] = {}
         self._single: dict[int, float] = {}           # prefill time of one prompt, by length
+        self._chunk_roofs: dict[int, tuple] = {}      # mixed_step's one new prompt, by length
         # allreduce_time's factors, each the same float its expression starts with
         self._ring_share = 2.0 * (tp - 1) / tp
         self._num_allreduces = 2 * model.num_layers
@@ -244,16 +245,14 @@ class RooflinePredictor(Predictor):
         if not prefill_chunks:
             return (self.decode_step_time(batch, int(sum(decode_contexts))) if batch
                     else 0.0), False
-        tokens = sum([n for n, _ in prefill_chunks])
-        context_read = sum([c for _, c in prefill_chunks])
-        if self._window:
-            context_read = sum([self.model.attended_tokens(c) for _, c in prefill_chunks])
-        total = float(tokens)
-        compute = self._prefill_compute(
-            self._body_flops_per_token * total + self._lm_head_flops * len(prefill_chunks),
-            self._attn_flops_per_ctx * self._pairs(prefill_chunks))
-        nbytes = self._weights + self._kv_per_token * (total + context_read)
-        memory = nbytes / self._prefill_bytes_rate
+        if len(prefill_chunks) == 1 and prefill_chunks[0][1] == 0:   # often: a new prompt
+            n = prefill_chunks[0][0]
+            roof = self._chunk_roofs.get(n)
+            if roof is None:
+                roof = self._chunk_roofs[n] = self._chunks_roof(prefill_chunks)
+        else:
+            roof = self._chunks_roof(prefill_chunks)
+        tokens, compute, memory = roof
         overhead = self._prefill_overhead
         if batch:
             _, c0, c1, _, m1 = self._decode_lines(batch)
@@ -266,6 +265,19 @@ class RooflinePredictor(Predictor):
         roof = memory if memory > compute else compute
         return (self._step(self._with_allreduce(roof, int(tokens) + batch), overhead),
                 compute >= memory)
+
+    def _chunks_roof(self, prefill_chunks: Sequence[tuple[int, int]]) -> tuple:
+        """(tokens, compute s, memory s) of a step's prompt chunks alone."""
+        tokens = sum([n for n, _ in prefill_chunks])
+        context_read = sum([c for _, c in prefill_chunks])
+        if self._window:
+            context_read = sum([self.model.attended_tokens(c) for _, c in prefill_chunks])
+        total = float(tokens)
+        compute = self._prefill_compute(
+            self._body_flops_per_token * total + self._lm_head_flops * len(prefill_chunks),
+            self._attn_flops_per_ctx * self._pairs(prefill_chunks))
+        nbytes = self._weights + self._kv_per_token * (total + context_read)
+        return tokens, compute, nbytes / self._prefill_bytes_rate
 
     def _decode_lines(self, batch: int) -> tuple[float, float, float, float, float]:
         """Step time = const + max(c0 + c1 * context, m0 + m1 * context), cached per batch."""

@@ -18,9 +18,13 @@ the same run and against the same peer:
   pool (prefill-side transformation or staging copy, transfer, MAC check, decode-side
   re-layout).
 
-Medians of ``repeats``. Latency rows are ``(size_mb, mechanism, latency_s)``. A prefill
-process that fails shows its own error (``BenchFailed``); one that does not answer within
-``start_timeout_s`` is stopped. Progress goes to stderr.
+Medians of ``repeats``. Latency rows are ``(size_mb, mechanism, latency_s)``. The run's steps,
+estimate and progress counter are ``hardware.bench_plan``'s. Every wait is bounded and ends
+in ``BenchFailed`` or a ``TransportError`` naming what did not answer: a prefill process
+that fails shows its own error, one that does not start serving within ``start_timeout_s``
+is stopped, a move (raw socket, pull) has ``bench_plan.wait_s`` of its size, and the
+teardown (the prefill process's exit, the transport's close) ``TEARDOWN_S``. Progress (MB
+moved) goes to stderr.
 """
 
 from __future__ import annotations
@@ -40,16 +44,16 @@ import time
 
 import numpy as np
 
-from hardware import mechanisms
+from hardware import bench_plan, mechanisms
 from hardware.mechanisms import MECHANISMS, MIB
 
 DEFAULT_SIZES_MB = (10, 20, 40, 80, 160, 320, 640, 1280)
 CHUNK = 16 * MIB
 START_TIMEOUT_S = 300.0
-# Bytes held across both processes per byte of KV, about: the prefill side's paged cache, its
-# transformed copy, its send buffer and the plain payload; the decode side's read target,
-# its mechanism's receive buffers and its rebuilt copy.
-MEMORY_FACTOR = 8
+MEMORY_FACTOR = bench_plan.MEMORY_FACTOR
+#: seconds the teardown may take: a SIGKILLed prefill process to be collected, the decode
+#: side's transport to close
+TEARDOWN_S = 30.0
 
 
 class BenchFailed(Exception):
@@ -157,21 +161,32 @@ def cpu_per_gb(pids, fn, nbytes: int, repeats: int) -> tuple[object, float]:
     return median, spent / ((repeats + 1) * nbytes / 1e9)
 
 
-def raw_socket_s(port: int, nbytes: int, repeats: int) -> float:
+def raw_socket_s(port: int, nbytes: int, repeats: int, timeout_s: float,
+                 moved=lambda: None) -> float:
+    """Median seconds of ``sendall`` -> ``recv_into`` of ``nbytes``; ``BenchFailed`` when
+    the sender closes early or a move has not ended within ``timeout_s``."""
     buf = bytearray(nbytes)
     view = memoryview(buf)
     times = []
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        for _ in range(repeats + 1):                           # the first one warms up
-            start = time.perf_counter()
-            s.sendall(struct.pack("!Q", nbytes))
-            got = 0
-            while got < nbytes:
-                n = s.recv_into(view[got:], nbytes - got)
-                if n == 0:
-                    raise ConnectionError("raw sender closed early")
-                got += n
-            times.append(time.perf_counter() - start)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+            for _ in range(repeats + 1):                           # the first one warms up
+                start = time.perf_counter()
+                s.settimeout(timeout_s)
+                s.sendall(struct.pack("!Q", nbytes))
+                got = 0
+                while got < nbytes:
+                    s.settimeout(max(start + timeout_s - time.perf_counter(), 1e-3))
+                    n = s.recv_into(view[got:], nbytes - got)
+                    if n == 0:
+                        raise BenchFailed(f"raw sender on port {port} closed after {got} of "
+                                          f"{nbytes} B")
+                    got += n
+                times.append(time.perf_counter() - start)
+                moved()
+    except socket.timeout as e:
+        raise BenchFailed(f"raw sender on port {port}: {nbytes} B not received within "
+                          f"{timeout_s:g} s") from e
     return statistics.median(times[1:])
 
 
@@ -205,37 +220,43 @@ class PlainSink:
         self.t.release(self.regions[0])
 
 
-def plain_pulls(t, address, token: str, nbytes: int, repeats: int, integrity: bool):
+def plain_pulls(t, address, token: str, nbytes: int, repeats: int, integrity: bool,
+                moved=lambda: None):
     """Median seconds of whole pulls of ``nbytes`` plain bytes, and of their batches alone
     (from post to the bytes usable; with ``integrity`` that includes the MAC check)."""
     from hardware.protocol import DecodeClient
 
     sink = PlainSink(t, nbytes)
     try:
-        with DecodeClient(t, sink, address, token, timeout_s=600,
-                          integrity=integrity) as client:
+        with DecodeClient(t, sink, address, token, integrity=integrity,
+                          timeout_s=bench_plan.wait_s(nbytes / MIB)) as client:
             pulls = []
             for i in range(repeats + 1):                     # the first one warms up
                 start = time.perf_counter()
                 client.pull(f"plain/{i}")
                 pulls.append(time.perf_counter() - start)
+                moved()
         batches = [b - a for a, b in zip(sink.marks[2::2], sink.marks[3::2])]
         return statistics.median(pulls[1:]), statistics.median(batches)
     finally:
         sink.close()
 
 
-def mechanism_s(t, address, token: str, mechanism: str, req, repeats: int) -> float:
+def mechanism_s(t, address, token: str, mechanism: str, req, repeats: int,
+                moved=lambda: None) -> float:
     from hardware.protocol import DecodeClient
 
     sink = mechanisms.MechanismSink(mechanism, t, req)
     try:
-        with DecodeClient(t, sink, address, token, timeout_s=600) as client:
+        with DecodeClient(t, sink, address, token,
+                          timeout_s=bench_plan.wait_s(req.token_bytes / MIB, mechanism)) \
+                as client:
             times = []
             for i in range(repeats):
                 start = time.perf_counter()
                 client.pull(f"{mechanism}/{i}")
                 times.append(time.perf_counter() - start)
+                moved()
         return statistics.median(times)
     finally:
         sink.close()
@@ -292,70 +313,63 @@ def bench_size(size_mb: float, args, t, progress) -> dict:
                                   f"{proc.returncode} during the run ({e}){_tail(log)}") from e
             raise
         finally:
-            proc.kill()
-            proc.wait(timeout=30)
+            stop(proc, f"prefill process for {size_mb:g} MB")
+
+
+def stop(proc, what: str, timeout_s: float = TEARDOWN_S) -> None:
+    """SIGKILL ``proc`` and collect it; ``BenchFailed`` naming it if it is not gone within
+    ``timeout_s`` (a process in uninterruptible sleep)."""
+    proc.kill()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise BenchFailed(f"{what} (pid {proc.pid}) did not exit within {timeout_s:g} s of "
+                          f"SIGKILL") from e
+
+
+def close_within(t, timeout_s: float = TEARDOWN_S) -> None:
+    """``t.close()`` on a daemon thread; ``BenchFailed`` if it has not returned within
+    ``timeout_s`` (its error, if it raised, is re-raised)."""
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            t.close()
+        except BaseException as e:          # noqa: BLE001  (re-raised below)
+            failed.append(e)
+    worker = threading.Thread(target=close, daemon=True, name="transport-close")
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise BenchFailed(f"the decode side's {getattr(t, 'name', 'transport')} transport did "
+                          f"not close within {timeout_s:g} s")
+    if failed:
+        raise failed[0]
 
 
 def measure(size_mb: float, args, t, proc, hello: dict, token: str, progress) -> dict:
     address, nbytes = tuple(hello["address"]), hello["nbytes"]
     req = mechanisms.make_request(int(size_mb * MIB), num_layers=args.num_layers,
                                   seed=args.seed)
-    pids = (os.getpid(), proc.pid)
-    progress(f"{size_mb:g} MB raw socket")
-    raw, raw_cpu = cpu_per_gb(pids, lambda: raw_socket_s(hello["raw_port"], nbytes,
-                                                         args.repeats), nbytes, args.repeats)
-    progress(f"{size_mb:g} MB pulls without MACs")
-    (unchecked, moved), moved_cpu = cpu_per_gb(pids, lambda: plain_pulls(
-        t, address, token, nbytes, args.repeats, integrity=False), nbytes, args.repeats)
-    progress(f"{size_mb:g} MB pulls with MACs")
-    checked, _ = plain_pulls(t, address, token, nbytes, args.repeats, integrity=True)
+    pids, r, moved = (os.getpid(), proc.pid), args.repeats, progress.moved
+    todo = iter(bench_plan.steps([size_mb], args.mechanisms, r))
+    progress.begin(next(todo))
+    raw, raw_cpu = cpu_per_gb(pids, lambda: raw_socket_s(
+        hello["raw_port"], nbytes, r, bench_plan.wait_s(size_mb, "raw socket"), moved),
+        nbytes, r)
+    progress.begin(next(todo))
+    (unchecked, moved_s), moved_cpu = cpu_per_gb(pids, lambda: plain_pulls(
+        t, address, token, nbytes, r, integrity=False, moved=moved), nbytes, r)
+    progress.begin(next(todo))
+    checked, _ = plain_pulls(t, address, token, nbytes, r, integrity=True, moved=moved)
     rows = []
-    for m in args.mechanisms:
-        progress(f"{size_mb:g} MB {m}")
+    for m, step in zip(args.mechanisms, todo):
+        progress.begin(step)
         rows.append({"size_mb": size_mb, "mechanism": m,
-                     "latency_s": mechanism_s(t, address, token, m, req, args.repeats)})
-    return {"rows": rows, "nbytes": nbytes, "raw_socket_s": raw, "transport_s": moved,
+                     "latency_s": mechanism_s(t, address, token, m, req, r, moved)})
+    return {"rows": rows, "nbytes": nbytes, "raw_socket_s": raw, "transport_s": moved_s,
             "raw_socket_cpu_s_per_gb": raw_cpu, "transport_cpu_s_per_gb": moved_cpu,
             "checked_pull_s": checked, "unchecked_pull_s": unchecked}
-
-
-def _progress(total: int):
-    """A step counter on stderr (tqdm when installed, plain lines otherwise): ``step(what)``
-    says that step begins, and counts the one before it as done; ``close()`` counts the last
-    one. The count reaches ``total`` only once every step has ended, so a bar at 24/24 means
-    finished (counting steps as they began showed 24/24 through the whole last step, the
-    largest size's last mechanism)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    bar = tqdm(total=total, desc="transfer-bench", unit="step", file=sys.stderr) if tqdm else None
-    state = {"done": 0, "running": False}
-
-    def tick() -> None:
-        if state["running"]:
-            state["done"] += 1
-            if bar is not None:
-                bar.update(1)
-
-    def step(what: str) -> None:
-        tick()
-        state["running"] = True
-        if bar is not None:
-            bar.set_postfix_str(what)
-        else:
-            print(f"transfer-bench [{state['done']}/{total} done] {what}", file=sys.stderr,
-                  flush=True)
-
-    def close() -> None:
-        was_running = state["running"]
-        tick()
-        state["running"] = False
-        if bar is not None:
-            bar.close()
-        elif was_running:
-            print(f"transfer-bench [{state['done']}/{total} done]", file=sys.stderr, flush=True)
-    return step, close
 
 
 def run(args) -> dict:
@@ -367,13 +381,13 @@ def run(args) -> dict:
     for size in args.sizes:
         check_request(size, args.num_layers)
     os.environ.setdefault("GLOG_minloglevel", "2")      # the engine's info lines, not ours
-    step, done = _progress(len(args.sizes) * (3 + len(args.mechanisms)))
+    progress = bench_plan.Progress(bench_plan.steps(args.sizes, args.mechanisms, args.repeats))
     t = make_transport(args.transport, host="127.0.0.1", protocol="tcp")
     try:
-        per_size = [bench_size(s, args, t, step) for s in args.sizes]
+        per_size = [bench_size(s, args, t, progress) for s in args.sizes]
     finally:
-        done()
-        t.close()
+        progress.close()
+        close_within(t)
     total = sum(p["nbytes"] for p in per_size)
     raw = total / sum(p["raw_socket_s"] for p in per_size) / 1e9
     moved = total / sum(p["transport_s"] for p in per_size) / 1e9

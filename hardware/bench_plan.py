@@ -102,8 +102,34 @@ def estimate_line(sizes_mb, mechanisms, repeats: int) -> str:
             f"~{peak_bytes(sizes_mb) / 1e9:.1f} GB peak")
 
 
-class TooLong(ValueError):
+class BenchFailed(Exception):
+    """The benchmark could not run (bad input, a prefill process failing or not starting,
+    a wait past its bound)."""
+
+
+class TooLong(BenchFailed):
     """The run's estimate is past the wall-time limit."""
+
+
+def check_memory(sizes_mb, available: int | None = None) -> None:
+    """Refuse sizes whose run would not fit this machine's available memory."""
+    if available is None:
+        available = _available_bytes()
+    need = peak_bytes(sizes_mb)
+    if available is not None and need > available:
+        raise BenchFailed(f"size {max(sizes_mb):g} MB needs about {need / 1e9:.1f} GB "
+                          f"({MEMORY_FACTOR}x the KV size across both processes), but "
+                          f"{available / 1e9:.1f} GB are available")
+
+
+def _available_bytes() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def check(sizes_mb, mechanisms, repeats: int, max_wall_s: float | None) -> float:

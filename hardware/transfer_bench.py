@@ -45,19 +45,15 @@ import time
 import numpy as np
 
 from hardware import bench_plan, mechanisms
+from hardware.bench_plan import BenchFailed, check_memory  # noqa: F401  (re-exported)
 from hardware.mechanisms import MECHANISMS, MIB
 
 DEFAULT_SIZES_MB = (10, 20, 40, 80, 160, 320, 640, 1280)
 CHUNK = 16 * MIB
 START_TIMEOUT_S = 300.0
-MEMORY_FACTOR = bench_plan.MEMORY_FACTOR
 #: seconds the teardown may take: a SIGKILLed prefill process to be collected, the decode
 #: side's transport to close
 TEARDOWN_S = 30.0
-
-
-class BenchFailed(Exception):
-    """The benchmark could not run (bad input, a prefill process failing or not starting)."""
 
 
 def check_request(size_mb: float, num_layers: int) -> int:
@@ -70,27 +66,6 @@ def check_request(size_mb: float, num_layers: int) -> int:
         raise BenchFailed(f"size {size_mb:g} MB: smaller than one token's KV cache over "
                           f"{num_layers} layers ({per_token} B)")
     return per_token * max(1, int(size_mb * MIB) // per_token)
-
-
-def check_memory(sizes_mb, available: int | None = None) -> None:
-    """Refuse sizes whose run would not fit this machine's available memory."""
-    if available is None:
-        available = _available_bytes()
-    need = MEMORY_FACTOR * max(sizes_mb) * MIB
-    if available is not None and need > available:
-        raise BenchFailed(f"size {max(sizes_mb):g} MB needs about {need / 1e9:.1f} GB "
-                          f"({MEMORY_FACTOR}x the KV size across both processes), but "
-                          f"{available / 1e9:.1f} GB are available")
-
-
-def _available_bytes() -> int | None:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 # -- the prefill process ---------------------------------------------------------------------

@@ -250,19 +250,43 @@ def start_prefill(size_mb: float, args, token: str, log) -> tuple:
 
 def spawn(cmd: list, env: dict, timeout_s: float, log, what: str) -> tuple:
     """Run ``cmd`` (stderr to ``log``) until it prints its one-line JSON hello; a child that
-    exits or stays silent for ``timeout_s`` is a ``BenchFailed`` showing its stderr."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    exits, or has not printed it within ``timeout_s``, is stopped and a ``BenchFailed``
+    showing its stderr (and any other lines it printed)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log)
+    deadline, buf, other = time.monotonic() + timeout_s, b"", []
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
-        ready = sel.select(timeout_s)
-    line = proc.stdout.readline() if ready else ""
-    if line:
-        return proc, json.loads(line)
-    if not ready:
-        proc.kill()
-        proc.wait(timeout=30)
-        raise BenchFailed(f"{what} did not start serving within {timeout_s:g} s{_tail(log)}")
-    raise BenchFailed(f"{what} exited with {proc.wait()} before serving{_tail(log)}")
+        while sel.select(max(deadline - time.monotonic(), 0)):
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:                                   # its stdout closed: exiting
+                try:
+                    code = proc.wait(timeout=TEARDOWN_S)
+                except subprocess.TimeoutExpired:
+                    stop(proc, what)
+                    code = "its output closed"
+                raise BenchFailed(f"{what} exited with {code} before serving"
+                                  f"{_printed(other)}{_tail(log)}")
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in lines:
+                hello = _hello(line)
+                if hello is not None:
+                    return proc, hello
+                other.append(line.decode(errors="replace"))
+    stop(proc, what)
+    raise BenchFailed(f"{what} did not start serving within {timeout_s:g} s"
+                      f"{_printed(other)}{_tail(log)}")
+
+
+def _hello(line: bytes) -> dict | None:
+    try:
+        hello = json.loads(line)
+    except ValueError:
+        return None
+    return hello if isinstance(hello, dict) and "address" in hello else None
+
+
+def _printed(lines: list[str]) -> str:
+    return f" (it printed {lines[-3:]!r})" if lines else ""
 
 
 def _tail(log, lines: int = 12) -> str:

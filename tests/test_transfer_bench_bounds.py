@@ -159,3 +159,20 @@ def test_a_peer_that_outlives_sigkill_is_a_named_error():
     with pytest.raises(transfer_bench.BenchFailed, match=r"peer \(pid 4242\) did not exit "
                                                          r"within 0.1 s of SIGKILL"):
         transfer_bench.stop(Unkillable(), "peer", 0.1)
+
+
+def test_a_peer_that_prints_noise_then_hangs_is_stopped_at_the_start_timeout(tmp_path):
+    code = "import time; print('warming up', flush=True); time.sleep(600)"
+    with open(tmp_path / "log", "w+b") as log, pytest.raises(
+            transfer_bench.BenchFailed,
+            match=r"did not start serving within 3 s \(it printed \['warming up'\]\)"):
+        transfer_bench.spawn([sys.executable, "-I", "-S", "-c", code], {}, 3, log, "prefill")
+
+
+def test_a_peer_that_closes_its_output_but_lives_on_is_stopped(monkeypatch):
+    monkeypatch.setattr(transfer_bench, "TEARDOWN_S", 0.5)
+    code = "import os, time; os.close(1); time.sleep(600)"
+    with open("/dev/null", "w+b") as log, pytest.raises(transfer_bench.BenchFailed,
+                                                         match="exited with its output closed before "
+                                                               "serving"):
+        transfer_bench.spawn([sys.executable, "-c", code], {}, 60, log, "prefill")

@@ -2,7 +2,7 @@
 estimated in memory before it is read: its rows by its size (``traces.trace_stream
 .estimate_rows``) at ``TRACE_LOAD_BYTES_PER_ROW`` plus its runs, refused past
 ``--max-memory-gb`` (default: this machine's available memory) naming the estimate and the
-flag."""
+flag; ``hawk compare`` refuses one too long to run (``--max-wall-s``) before reading it too."""
 
 from __future__ import annotations
 
@@ -76,3 +76,11 @@ def test_the_default_limit_is_the_available_memory_and_the_flag_raises_it(
 def test_max_memory_gb_names_a_bad_value(capsys):
     code, err = run(capsys, "simulate", "--max-memory-gb", "0")
     assert code == 2 and "--max-memory-gb 0: must be > 0" in err
+
+
+def test_compare_refuses_a_trace_too_long_to_run_before_it_is_read(tmp_path, capsys, commands):
+    big = trace(tmp_path / "big.csv", 1_000_000, 100)
+    code, err = run(capsys, *commands("compare", big), "--max-wall-s", "5")
+    assert code == 2 and "hawk compare --trace big.csv (about " in err
+    assert "simulated requests would take about" in err and "--max-wall-s" in err
+    assert "line" not in err

@@ -137,18 +137,22 @@ def format_deployments(baseline: str, candidate: str) -> str:
 
 def _check_trace_memory(args) -> None:
     """Before ``--trace`` is loaded whole: its rows (estimated from its size, cut by
-    ``--num-requests``) and both arms' runs, refused past ``--max-memory-gb``."""
+    ``--num-requests``) read, then both arms' runs, refused past ``--max-memory-gb`` and
+    ``--max-wall-s`` (the estimate is printed once the trace is read, ``_announce``)."""
     import os
 
-    from sim.config.run_size import check_trace_load, run_bytes
+    from sim.config.run_size import (SECONDS_PER_TRACE_ROW, check_run_time, check_trace_load,
+                                     run_bytes)
     from traces.trace_stream import estimate_rows
 
     rows = estimate_rows(args.trace)
     n = rows if args.num_requests is None else min(rows, args.num_requests)
     workers = min(2, args.workers or os.cpu_count() or 1)
-    check_trace_load(n, workers * run_bytes(n), args.max_memory_bytes,
-                     f"hawk compare --trace {args.trace.name} (about {rows:,} rows by its size)",
+    what = f"hawk compare --trace {args.trace.name} (about {rows:,} rows by its size)"
+    check_trace_load(n, workers * run_bytes(n), args.max_memory_bytes, what,
                      "compare fewer requests (--num-requests)")
+    check_run_time(n, args.max_wall_s, what, copies_in_turn=2, in_parallel=workers,
+                   extra_s=n * SECONDS_PER_TRACE_ROW)
 
 
 def _announce(args, baseline, inputs, repeats: int) -> None:

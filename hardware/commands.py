@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hardware import bench_plan
 from hardware.mechanisms import MECHANISMS
 from hardware.transfer_bench import DEFAULT_SIZES_MB, START_TIMEOUT_S
 from traces.jsonout import dumps
@@ -49,6 +50,17 @@ def _seconds(text: str) -> float:
     return s
 
 
+def _max_wall(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--max-wall-s {text!r}: seconds > 0 (inf: no "
+                                         f"limit)") from e
+    if not s > 0:
+        raise argparse.ArgumentTypeError(f"--max-wall-s {s:g}: must be > 0")
+    return s
+
+
 def _mechanisms(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in names if m not in MECHANISMS]
@@ -67,13 +79,16 @@ def cmd_transfer_bench(args) -> int:
         if not torch.cuda.is_available():
             print("transfer-bench: --device cuda asked for, but torch sees no CUDA device")
             return 2
-    try:                                  # bad sizes, layer counts, memory: before starting
+    try:                                  # bad sizes, layer counts, memory, time: up front
         transfer_bench.check_memory(args.sizes)
         for size in args.sizes:
             transfer_bench.check_request(size, args.num_layers)
-    except transfer_bench.BenchFailed as e:
+        bench_plan.check(args.sizes, args.mechanisms, args.repeats, args.max_wall_s)
+    except transfer_bench.BenchFailed as e:         # TooLong too
         print(f"transfer-bench: {e}")
         return 2
+    print(bench_plan.estimate_line(args.sizes, args.mechanisms, args.repeats),
+          file=sys.stderr, flush=True)
     try:
         report = transfer_bench.run(args)
     except TransportError as e:
@@ -303,6 +318,9 @@ def register(subparsers) -> None:
                    default=START_TIMEOUT_S,
                    help="seconds a prefill process may take to start serving (default %(default)g)")
     p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--max-wall-s", type=_max_wall, default=bench_plan.DEFAULT_MAX_WALL_S,
+                   metavar="SECONDS", help="refuse a run estimated to take longer on this "
+                   "machine (default %(default)g, inf: no limit)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_transfer_bench)
 

@@ -18,9 +18,13 @@ the same run and against the same peer:
   pool (prefill-side transformation or staging copy, transfer, MAC check, decode-side
   re-layout).
 
-Medians of ``repeats``. Latency rows are ``(size_mb, mechanism, latency_s)``. A prefill
-process that fails shows its own error (``BenchFailed``); one that does not answer within
-``start_timeout_s`` is stopped. Progress goes to stderr.
+Medians of ``repeats``. Latency rows are ``(size_mb, mechanism, latency_s)``. The run's steps,
+estimate and progress counter are ``hardware.bench_plan``'s. Every wait is bounded and ends
+in ``BenchFailed`` or a ``TransportError`` naming what did not answer: a prefill process
+that fails shows its own error, one that does not start serving within ``start_timeout_s``
+is stopped, a move (raw socket, pull) has ``bench_plan.wait_s`` of its size, and the
+teardown (the prefill process's exit, the transport's close) ``TEARDOWN_S``. Progress (MB
+moved) goes to stderr.
 """
 
 from __future__ import annotations
@@ -40,20 +44,17 @@ import time
 
 import numpy as np
 
-from hardware import mechanisms
-from hardware.mechanisms import MECHANISMS, MIB
+from hardware import bench_plan, mechanisms
+from hardware.bench_plan import BenchFailed, check_memory  # noqa: F401  (re-exported)
+from hardware.bench_report import format_table, summarize  # noqa: F401  (format_table too)
+from hardware.mechanisms import MIB
 
 DEFAULT_SIZES_MB = (10, 20, 40, 80, 160, 320, 640, 1280)
 CHUNK = 16 * MIB
 START_TIMEOUT_S = 300.0
-# Bytes held across both processes per byte of KV, about: the prefill side's paged cache, its
-# transformed copy, its send buffer and the plain payload; the decode side's read target,
-# its mechanism's receive buffers and its rebuilt copy.
-MEMORY_FACTOR = 8
-
-
-class BenchFailed(Exception):
-    """The benchmark could not run (bad input, a prefill process failing or not starting)."""
+#: seconds the teardown may take: a SIGKILLed prefill process to be collected, the decode
+#: side's transport to close
+TEARDOWN_S = 30.0
 
 
 def check_request(size_mb: float, num_layers: int) -> int:
@@ -66,27 +67,6 @@ def check_request(size_mb: float, num_layers: int) -> int:
         raise BenchFailed(f"size {size_mb:g} MB: smaller than one token's KV cache over "
                           f"{num_layers} layers ({per_token} B)")
     return per_token * max(1, int(size_mb * MIB) // per_token)
-
-
-def check_memory(sizes_mb, available: int | None = None) -> None:
-    """Refuse sizes whose run would not fit this machine's available memory."""
-    if available is None:
-        available = _available_bytes()
-    need = MEMORY_FACTOR * max(sizes_mb) * MIB
-    if available is not None and need > available:
-        raise BenchFailed(f"size {max(sizes_mb):g} MB needs about {need / 1e9:.1f} GB "
-                          f"({MEMORY_FACTOR}x the KV size across both processes), but "
-                          f"{available / 1e9:.1f} GB are available")
-
-
-def _available_bytes() -> int | None:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 # -- the prefill process ---------------------------------------------------------------------
@@ -157,21 +137,32 @@ def cpu_per_gb(pids, fn, nbytes: int, repeats: int) -> tuple[object, float]:
     return median, spent / ((repeats + 1) * nbytes / 1e9)
 
 
-def raw_socket_s(port: int, nbytes: int, repeats: int) -> float:
+def raw_socket_s(port: int, nbytes: int, repeats: int, timeout_s: float,
+                 moved=lambda: None) -> float:
+    """Median seconds of ``sendall`` -> ``recv_into`` of ``nbytes``; ``BenchFailed`` when
+    the sender closes early or a move has not ended within ``timeout_s``."""
     buf = bytearray(nbytes)
     view = memoryview(buf)
     times = []
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        for _ in range(repeats + 1):                           # the first one warms up
-            start = time.perf_counter()
-            s.sendall(struct.pack("!Q", nbytes))
-            got = 0
-            while got < nbytes:
-                n = s.recv_into(view[got:], nbytes - got)
-                if n == 0:
-                    raise ConnectionError("raw sender closed early")
-                got += n
-            times.append(time.perf_counter() - start)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+            for _ in range(repeats + 1):                           # the first one warms up
+                start = time.perf_counter()
+                s.settimeout(timeout_s)
+                s.sendall(struct.pack("!Q", nbytes))
+                got = 0
+                while got < nbytes:
+                    s.settimeout(max(start + timeout_s - time.perf_counter(), 1e-3))
+                    n = s.recv_into(view[got:], nbytes - got)
+                    if n == 0:
+                        raise BenchFailed(f"raw sender on port {port} closed after {got} of "
+                                          f"{nbytes} B")
+                    got += n
+                times.append(time.perf_counter() - start)
+                moved()
+    except socket.timeout as e:
+        raise BenchFailed(f"raw sender on port {port}: {nbytes} B not received within "
+                          f"{timeout_s:g} s") from e
     return statistics.median(times[1:])
 
 
@@ -205,37 +196,43 @@ class PlainSink:
         self.t.release(self.regions[0])
 
 
-def plain_pulls(t, address, token: str, nbytes: int, repeats: int, integrity: bool):
+def plain_pulls(t, address, token: str, nbytes: int, repeats: int, integrity: bool,
+                moved=lambda: None):
     """Median seconds of whole pulls of ``nbytes`` plain bytes, and of their batches alone
     (from post to the bytes usable; with ``integrity`` that includes the MAC check)."""
     from hardware.protocol import DecodeClient
 
     sink = PlainSink(t, nbytes)
     try:
-        with DecodeClient(t, sink, address, token, timeout_s=600,
-                          integrity=integrity) as client:
+        with DecodeClient(t, sink, address, token, integrity=integrity,
+                          timeout_s=bench_plan.wait_s(nbytes / MIB)) as client:
             pulls = []
             for i in range(repeats + 1):                     # the first one warms up
                 start = time.perf_counter()
                 client.pull(f"plain/{i}")
                 pulls.append(time.perf_counter() - start)
+                moved()
         batches = [b - a for a, b in zip(sink.marks[2::2], sink.marks[3::2])]
         return statistics.median(pulls[1:]), statistics.median(batches)
     finally:
         sink.close()
 
 
-def mechanism_s(t, address, token: str, mechanism: str, req, repeats: int) -> float:
+def mechanism_s(t, address, token: str, mechanism: str, req, repeats: int,
+                moved=lambda: None) -> float:
     from hardware.protocol import DecodeClient
 
     sink = mechanisms.MechanismSink(mechanism, t, req)
     try:
-        with DecodeClient(t, sink, address, token, timeout_s=600) as client:
+        with DecodeClient(t, sink, address, token,
+                          timeout_s=bench_plan.wait_s(req.token_bytes / MIB, mechanism)) \
+                as client:
             times = []
             for i in range(repeats):
                 start = time.perf_counter()
                 client.pull(f"{mechanism}/{i}")
                 times.append(time.perf_counter() - start)
+                moved()
         return statistics.median(times)
     finally:
         sink.close()
@@ -254,19 +251,43 @@ def start_prefill(size_mb: float, args, token: str, log) -> tuple:
 
 def spawn(cmd: list, env: dict, timeout_s: float, log, what: str) -> tuple:
     """Run ``cmd`` (stderr to ``log``) until it prints its one-line JSON hello; a child that
-    exits or stays silent for ``timeout_s`` is a ``BenchFailed`` showing its stderr."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    exits, or has not printed it within ``timeout_s``, is stopped and a ``BenchFailed``
+    showing its stderr (and any other lines it printed)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log)
+    deadline, buf, other = time.monotonic() + timeout_s, b"", []
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
-        ready = sel.select(timeout_s)
-    line = proc.stdout.readline() if ready else ""
-    if line:
-        return proc, json.loads(line)
-    if not ready:
-        proc.kill()
-        proc.wait(timeout=30)
-        raise BenchFailed(f"{what} did not start serving within {timeout_s:g} s{_tail(log)}")
-    raise BenchFailed(f"{what} exited with {proc.wait()} before serving{_tail(log)}")
+        while sel.select(max(deadline - time.monotonic(), 0)):
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:                                   # its stdout closed: exiting
+                try:
+                    code = proc.wait(timeout=TEARDOWN_S)
+                except subprocess.TimeoutExpired:
+                    stop(proc, what)
+                    code = "its output closed"
+                raise BenchFailed(f"{what} exited with {code} before serving"
+                                  f"{_printed(other)}{_tail(log)}")
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in lines:
+                hello = _hello(line)
+                if hello is not None:
+                    return proc, hello
+                other.append(line.decode(errors="replace"))
+    stop(proc, what)
+    raise BenchFailed(f"{what} did not start serving within {timeout_s:g} s"
+                      f"{_printed(other)}{_tail(log)}")
+
+
+def _hello(line: bytes) -> dict | None:
+    try:
+        hello = json.loads(line)
+    except ValueError:
+        return None
+    return hello if isinstance(hello, dict) and "address" in hello else None
+
+
+def _printed(lines: list[str]) -> str:
+    return f" (it printed {lines[-3:]!r})" if lines else ""
 
 
 def _tail(log, lines: int = 12) -> str:
@@ -292,70 +313,63 @@ def bench_size(size_mb: float, args, t, progress) -> dict:
                                   f"{proc.returncode} during the run ({e}){_tail(log)}") from e
             raise
         finally:
-            proc.kill()
-            proc.wait(timeout=30)
+            stop(proc, f"prefill process for {size_mb:g} MB")
+
+
+def stop(proc, what: str, timeout_s: float = TEARDOWN_S) -> None:
+    """SIGKILL ``proc`` and collect it; ``BenchFailed`` naming it if it is not gone within
+    ``timeout_s`` (a process in uninterruptible sleep)."""
+    proc.kill()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise BenchFailed(f"{what} (pid {proc.pid}) did not exit within {timeout_s:g} s of "
+                          f"SIGKILL") from e
+
+
+def close_within(t, timeout_s: float = TEARDOWN_S) -> None:
+    """``t.close()`` on a daemon thread; ``BenchFailed`` if it has not returned within
+    ``timeout_s`` (its error, if it raised, is re-raised)."""
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            t.close()
+        except BaseException as e:          # noqa: BLE001  (re-raised below)
+            failed.append(e)
+    worker = threading.Thread(target=close, daemon=True, name="transport-close")
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise BenchFailed(f"the decode side's {getattr(t, 'name', 'transport')} transport did "
+                          f"not close within {timeout_s:g} s")
+    if failed:
+        raise failed[0]
 
 
 def measure(size_mb: float, args, t, proc, hello: dict, token: str, progress) -> dict:
     address, nbytes = tuple(hello["address"]), hello["nbytes"]
     req = mechanisms.make_request(int(size_mb * MIB), num_layers=args.num_layers,
                                   seed=args.seed)
-    pids = (os.getpid(), proc.pid)
-    progress(f"{size_mb:g} MB raw socket")
-    raw, raw_cpu = cpu_per_gb(pids, lambda: raw_socket_s(hello["raw_port"], nbytes,
-                                                         args.repeats), nbytes, args.repeats)
-    progress(f"{size_mb:g} MB pulls without MACs")
-    (unchecked, moved), moved_cpu = cpu_per_gb(pids, lambda: plain_pulls(
-        t, address, token, nbytes, args.repeats, integrity=False), nbytes, args.repeats)
-    progress(f"{size_mb:g} MB pulls with MACs")
-    checked, _ = plain_pulls(t, address, token, nbytes, args.repeats, integrity=True)
+    pids, r, moved = (os.getpid(), proc.pid), args.repeats, progress.moved
+    todo = iter(bench_plan.steps([size_mb], args.mechanisms, r))
+    progress.begin(next(todo))
+    raw, raw_cpu = cpu_per_gb(pids, lambda: raw_socket_s(
+        hello["raw_port"], nbytes, r, bench_plan.wait_s(size_mb, "raw socket"), moved),
+        nbytes, r)
+    progress.begin(next(todo))
+    (unchecked, moved_s), moved_cpu = cpu_per_gb(pids, lambda: plain_pulls(
+        t, address, token, nbytes, r, integrity=False, moved=moved), nbytes, r)
+    progress.begin(next(todo))
+    checked, _ = plain_pulls(t, address, token, nbytes, r, integrity=True, moved=moved)
     rows = []
-    for m in args.mechanisms:
-        progress(f"{size_mb:g} MB {m}")
+    for m, step in zip(args.mechanisms, todo):
+        progress.begin(step)
         rows.append({"size_mb": size_mb, "mechanism": m,
-                     "latency_s": mechanism_s(t, address, token, m, req, args.repeats)})
-    return {"rows": rows, "nbytes": nbytes, "raw_socket_s": raw, "transport_s": moved,
+                     "latency_s": mechanism_s(t, address, token, m, req, r, moved)})
+    return {"rows": rows, "nbytes": nbytes, "raw_socket_s": raw, "transport_s": moved_s,
             "raw_socket_cpu_s_per_gb": raw_cpu, "transport_cpu_s_per_gb": moved_cpu,
             "checked_pull_s": checked, "unchecked_pull_s": unchecked}
-
-
-def _progress(total: int):
-    """A step counter on stderr (tqdm when installed, plain lines otherwise): ``step(what)``
-    says that step begins, and counts the one before it as done; ``close()`` counts the last
-    one. The count reaches ``total`` only once every step has ended, so a bar at 24/24 means
-    finished (counting steps as they began showed 24/24 through the whole last step, the
-    largest size's last mechanism)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    bar = tqdm(total=total, desc="transfer-bench", unit="step", file=sys.stderr) if tqdm else None
-    state = {"done": 0, "running": False}
-
-    def tick() -> None:
-        if state["running"]:
-            state["done"] += 1
-            if bar is not None:
-                bar.update(1)
-
-    def step(what: str) -> None:
-        tick()
-        state["running"] = True
-        if bar is not None:
-            bar.set_postfix_str(what)
-        else:
-            print(f"transfer-bench [{state['done']}/{total} done] {what}", file=sys.stderr,
-                  flush=True)
-
-    def close() -> None:
-        was_running = state["running"]
-        tick()
-        state["running"] = False
-        if bar is not None:
-            bar.close()
-        elif was_running:
-            print(f"transfer-bench [{state['done']}/{total} done]", file=sys.stderr, flush=True)
-    return step, close
 
 
 def run(args) -> dict:
@@ -367,80 +381,14 @@ def run(args) -> dict:
     for size in args.sizes:
         check_request(size, args.num_layers)
     os.environ.setdefault("GLOG_minloglevel", "2")      # the engine's info lines, not ours
-    step, done = _progress(len(args.sizes) * (3 + len(args.mechanisms)))
+    progress = bench_plan.Progress(bench_plan.steps(args.sizes, args.mechanisms, args.repeats))
     t = make_transport(args.transport, host="127.0.0.1", protocol="tcp")
     try:
-        per_size = [bench_size(s, args, t, step) for s in args.sizes]
+        per_size = [bench_size(s, args, t, progress) for s in args.sizes]
     finally:
-        done()
-        t.close()
-    total = sum(p["nbytes"] for p in per_size)
-    raw = total / sum(p["raw_socket_s"] for p in per_size) / 1e9
-    moved = total / sum(p["transport_s"] for p in per_size) / 1e9
-    largest = per_size[-1]
-    checked = total / sum(p["checked_pull_s"] for p in per_size) / 1e9
-    unchecked = total / sum(p["unchecked_pull_s"] for p in per_size) / 1e9
-    return {
-        "integrity": {"check": "HMAC-SHA256 per segment, keyed by the run token",
-                      "checked_pull_gb_per_s": checked, "unchecked_pull_gb_per_s": unchecked,
-                      "checked_to_unchecked": checked / unchecked},
-        "rows": [r for p in per_size for r in p["rows"]],
-        "raw_socket_gb_per_s": raw,
-        "transport_gb_per_s": moved,
-        "transport_to_raw_socket": moved / raw,
-        "largest_size_mb": args.sizes[-1],
-        "largest_raw_socket_gb_per_s": largest["nbytes"] / largest["raw_socket_s"] / 1e9,
-        "largest_transport_gb_per_s": largest["nbytes"] / largest["transport_s"] / 1e9,
-        "per_size": [{"size_mb": s, "nbytes": p["nbytes"],
-                      "raw_socket_gb_per_s": p["nbytes"] / p["raw_socket_s"] / 1e9,
-                      "transport_gb_per_s": p["nbytes"] / p["transport_s"] / 1e9,
-                      "raw_socket_cpu_s_per_gb": p["raw_socket_cpu_s_per_gb"],
-                      "transport_cpu_s_per_gb": p["transport_cpu_s_per_gb"],
-                      "checked_pull_gb_per_s": p["nbytes"] / p["checked_pull_s"] / 1e9,
-                      "unchecked_pull_gb_per_s": p["nbytes"] / p["unchecked_pull_s"] / 1e9}
-                     for s, p in zip(args.sizes, per_size)],
-        "transport": args.transport, "device": args.device, "repeats": args.repeats,
-    }
-
-
-def format_table(report: dict) -> str:
-    """Figure 9's shape: latency per size and mechanism, and the paper's ratios."""
-    rows = report["rows"]
-    mechs = [m for m in MECHANISMS if any(r["mechanism"] == m for r in rows)]
-    sizes = sorted({r["size_mb"] for r in rows})
-    lat = {(r["size_mb"], r["mechanism"]): r["latency_s"] for r in rows}
-    ratios = [("GN-Host/GG-Host", "GN-Host", "GG-Host", "x"),
-              ("GG-Direct/GG-Host", "GG-Direct", "GG-Host", "%"),
-              ("GN-HAWK/GG-Host", "GN-HAWK", "GG-Host", "%")]
-    ratios = [r for r in ratios if r[1] in mechs and r[2] in mechs]
-    head = f"{'size MB':>8} " + " ".join(f"{m + ' ms':>13}" for m in mechs) + \
-        "".join(f" {name:>18}" for name, *_ in ratios)
-    lines = [f"KV transfer latency ({report['transport']}, prefill on {report['device']}, "
-             f"median of {report['repeats']})", head]
-    for s in sizes:
-        cells = " ".join(f"{1e3 * lat[(s, m)]:>13.2f}" for m in mechs)
-        for _, a, b, unit in ratios:
-            q = lat[(s, a)] / lat[(s, b)]
-            cells += f" {q:>17.2f}x" if unit == "x" else f" {100 * q:>17.2f}%"
-        lines.append(f"{s:>8g} {cells}")
-    lines.append(f"raw loopback socket {report['raw_socket_gb_per_s']:.3f} GB/s, transport "
-                 f"{report['transport_gb_per_s']:.3f} GB/s, ratio "
-                 f"{report['transport_to_raw_socket']:.2f}x (largest size "
-                 f"{report['largest_size_mb']:g} MB: "
-                 f"{report['largest_transport_gb_per_s']:.3f} / "
-                 f"{report['largest_raw_socket_gb_per_s']:.3f} GB/s)")
-    last = report["per_size"][-1]
-    raw_cpu, moved_cpu = last["raw_socket_cpu_s_per_gb"], last["transport_cpu_s_per_gb"]
-    lines.append(f"CPU seconds per GB moved, both processes, largest size: raw socket "
-                 f"{raw_cpu:.3f}, transport {moved_cpu:.3f} (transport "
-                 f"{moved_cpu / raw_cpu if raw_cpu > 0 else float('nan'):.2f}x the raw "
-                 f"socket's CPU per GB, on {os.cpu_count()} cores)")
-    if "integrity" in report:
-        i = report["integrity"]
-        lines.append(f"integrity ({i['check']}): whole pulls {i['checked_pull_gb_per_s']:.3f} "
-                     f"GB/s checked, {i['unchecked_pull_gb_per_s']:.3f} GB/s unchecked "
-                     f"({i['checked_to_unchecked']:.2f}x)")
-    return "\n".join(lines)
+        progress.close()
+        close_within(t)
+    return summarize(args, per_size)
 
 
 def main(argv=None) -> int:

@@ -86,6 +86,8 @@ def test_transfer_bench_json_across_processes():
                              env={**os.environ, TAG_ENV: tag})
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "hawk real transfer-bench: 2 sizes x 5 mechanisms x 1 repeat, 33 MB moved, ~" in \
+        out.stderr                                  # its estimate, before it starts
     rows = report["rows"]
     assert {(r["size_mb"], r["mechanism"]) for r in rows} == {
         (s, mech) for s in (1.0, 2.0) for mech in m.MECHANISMS}

@@ -124,17 +124,3 @@ def test_the_transfer_bench_peer_ends_with_a_killed_benchmark(processes):
         parent.kill()                               # as a test runner's timeout does
         parent.wait(timeout=60)
         assert wait_until(lambda: peer not in tagged(tag)), "the peer outlived its benchmark"
-
-
-def test_the_transfer_bench_progress_reaches_its_total_only_when_the_last_step_ends(
-        capsys, monkeypatch):
-    import sys
-
-    from hardware.transfer_bench import _progress
-    monkeypatch.setitem(sys.modules, "tqdm", None)            # the plain lines
-    step, close = _progress(2)
-    step("10 MB raw socket")
-    step("10 MB GN-HAWK")                    # the last step is running, not done
-    assert capsys.readouterr().err.splitlines()[-1] == "transfer-bench [1/2 done] 10 MB GN-HAWK"
-    close()
-    assert capsys.readouterr().err.splitlines() == ["transfer-bench [2/2 done]"]

@@ -160,6 +160,22 @@ def add_max_wall(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_MAX_WALL_S:g}, inf: no limit)")
 
 
+def add_max_memory(p: argparse.ArgumentParser) -> None:
+    def gigabytes(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--max-memory-gb {text!r}: GB > 0 (inf: no "
+                                             f"limit)") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"--max-memory-gb {value:g}: must be > 0")
+        return value * 1e9
+
+    p.add_argument("--max-memory-gb", dest="max_memory_bytes", type=gigabytes, metavar="GB",
+                   help="refuse a trace file loaded whole whose estimate needs more memory "
+                        "(default: this machine's available memory; inf: no limit)")
+
+
 def announce(command: str, num_requests: float, max_wall_s: float | None,
              copies_in_turn: float = 1.0, in_parallel: int = 1,
              peak_bytes: float | None = None, quiet: bool = False,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.commands.args import add_max_wall, add_ray, add_workers, announce, whole_number
+from sim.commands.args import (add_max_memory, add_max_wall, add_ray, add_workers, announce,
+                               whole_number)
 from traces.trace_flags import add_columns_arg
 
 
@@ -43,6 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", type=Path, help="write both arms' records and the comparison here")
     p.add_argument("--json", action="store_true")
     add_max_wall(p)
+    add_max_memory(p)
     p.set_defaults(func=run)
 
 
@@ -109,6 +111,7 @@ def _compare_simulated(args, cmp):
     if args.trace is not None:
         from traces.loaders import load_trace
 
+        _check_trace_memory(args)
         trace, _ = load_trace(args.trace, mapping=args.columns, max_requests=args.num_requests)
         if args.num_requests is not None:
             trace = trace.head(args.num_requests)
@@ -130,6 +133,26 @@ def format_deployments(baseline: str, candidate: str) -> str:
     """The two deployments compared, one line each (same model, profile, SLOs, requests)."""
     return (f"comparing deployments on the same requests and seeds:\n"
             f"  baseline   {baseline}\n  candidate  {candidate}")
+
+
+def _check_trace_memory(args) -> None:
+    """Before ``--trace`` is loaded whole: its rows (estimated from its size, cut by
+    ``--num-requests``) read, then both arms' runs, refused past ``--max-memory-gb`` and
+    ``--max-wall-s`` (the estimate is printed once the trace is read, ``_announce``)."""
+    import os
+
+    from sim.config.run_size import (SECONDS_PER_TRACE_ROW, check_run_time, check_trace_load,
+                                     run_bytes)
+    from traces.trace_stream import estimate_rows
+
+    rows = estimate_rows(args.trace)
+    n = rows if args.num_requests is None else min(rows, args.num_requests)
+    workers = min(2, args.workers or os.cpu_count() or 1)
+    what = f"hawk compare --trace {args.trace.name} (about {rows:,} rows by its size)"
+    check_trace_load(n, workers * run_bytes(n), args.max_memory_bytes, what,
+                     "compare fewer requests (--num-requests)")
+    check_run_time(n, args.max_wall_s, what, copies_in_turn=2, in_parallel=workers,
+                   extra_s=n * SECONDS_PER_TRACE_ROW)
 
 
 def _announce(args, baseline, inputs, repeats: int) -> None:

@@ -12,8 +12,8 @@ from traces import metrics
 from sim.config import ConfigError, RunConfig
 from traces.trace_flags import add_columns_arg
 from traces.jsonout import dumps, writable_dir
-from sim.commands.args import (add_common, add_max_wall, add_profile, add_ray, add_workers,
-                               announce, config_from_args)
+from sim.commands.args import (add_common, add_max_memory, add_max_wall, add_profile, add_ray,
+                               add_workers, announce, config_from_args)
 from sim.engine.pools import describe_pools
 
 
@@ -203,6 +203,7 @@ def add_parser(sub) -> None:
     add_ray(p, "the cells")
     add_profile(p)
     add_max_wall(p)
+    add_max_memory(p)
     p.set_defaults(func=run)
 
 
@@ -315,10 +316,11 @@ def _announce(args, config: RunConfig, trace, streamed: bool, cells: int = 1,
 def _announce_file(args, config: RunConfig, path: Path, num: int | None,
                    whole_file: bool) -> None:
     """Before a trace file is read: its rows estimated from its size, read twice (the scan
-    and the run's read) or once (``--no-stream``), and the run; refused past --max-wall-s."""
+    and the run's read) or once (``--no-stream``), and the run; refused past --max-wall-s,
+    and, loaded whole (``--no-stream``), past --max-memory-gb."""
     import os
 
-    from sim.config.run_size import SECONDS_PER_TRACE_ROW
+    from sim.config.run_size import SECONDS_PER_TRACE_ROW, check_trace_load, run_bytes
     from traces.trace_stream import estimate_rows
 
     rows = estimate_rows(path)
@@ -326,11 +328,16 @@ def _announce_file(args, config: RunConfig, path: Path, num: int | None,
     reads = 1 if args.stream is False else 2
     read_s = reads * (rows if whole_file else n) * SECONDS_PER_TRACE_ROW
     cells = config.cells.count
+    in_parallel = min(cells, args.workers or os.cpu_count() or 1)
     what = (f"hawk simulate --trace {path.name} (about {rows:,} rows by its size, read "
             f"{'once' if reads == 1 else 'twice'})")
+    peak = None
+    if args.stream is False:                # loaded whole: its rows, then the run
+        peak = check_trace_load(rows if whole_file else n, in_parallel * run_bytes(n / cells),
+                                args.max_memory_bytes, what, "read it in blocks (--stream), "
+                                "or load fewer rows (--num-requests)")
     announce(what, n / cells, args.max_wall_s, copies_in_turn=cells, quiet=args.json,
-             in_parallel=min(cells, args.workers or os.cpu_count() or 1), what=what,
-             extra_s=read_s)
+             in_parallel=in_parallel, what=what, extra_s=read_s, peak_bytes=peak)
 
 
 def _stream_for(args, config: RunConfig, trace):

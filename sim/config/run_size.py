@@ -27,6 +27,12 @@ BASE_BYTES = 300e6
 #: flight, which no budget fixed in advance covers.
 STREAM_BYTES = 200e6
 TRACE_BYTES_PER_REQUEST = 48
+#: memory of a trace file loaded whole (``traces.loaders.load_trace``: its raw columns, the
+#: parsed values and the trace), measured as peak RSS over the imports: a 2,000,000-row CSV
+#: of arrival_at, num_prompt_tokens, num_output_tokens (38 MB) peaked 1,134 MB above them
+#: (581 B a row), its first 500,000 rows 286 MB (585 B a row); budgeted at 1 KB a row, for
+#: wider rows (JSONL, tenants, prefix hashes)
+TRACE_LOAD_BYTES_PER_ROW = 1024
 #: runs larger than this stream by default (``hawk simulate``; their percentiles are sketched)
 STREAM_MIN_REQUESTS = 1_000_000
 
@@ -148,6 +154,31 @@ def check_run_size(num_requests: float, copies: int = 1, what: str = "the run",
                f"{STREAM_MIN_REQUESTS:,} requests stream by default)")
             + (", run fewer at once (--workers)" if copies > 1 else "")
             + (", or sweep fewer points (--rates, --seeds)" if extra_bytes else ""))
+
+
+def check_memory_limit(need_bytes: float, max_bytes: float | None, what: str,
+                       detail: str, remedy: str, flag: str = "--max-memory-gb") -> None:
+    """``ConfigError`` naming the estimate, ``detail`` (how it was made), ``remedy`` and
+    ``flag`` when ``need_bytes`` exceeds ``max_bytes`` (None: this machine's available
+    memory; no limit where that is unknown)."""
+    limit = available_memory_bytes() if max_bytes is None else max_bytes
+    if limit is None or need_bytes <= limit:
+        return
+    whose = "this machine's available memory" if max_bytes is None else f"the {flag} limit"
+    raise ConfigError(f"{what}: needs about {need_bytes / 1e9:,.1f} GB ({detail}), past "
+                      f"{whose} of {limit / 1e9:,.1f} GB; {remedy}, or allow it with {flag} "
+                      f"{need_bytes * 1.2 / 1e9:.3g}")
+
+
+def check_trace_load(rows: float, run_peak_bytes: float, max_bytes: float | None,
+                     what: str, remedy: str) -> float:
+    """Before a trace file of about ``rows`` rows is loaded whole, then run (its runs peaking
+    at ``run_peak_bytes``): the estimated peak bytes, refused past ``max_bytes``."""
+    need = rows * TRACE_LOAD_BYTES_PER_ROW + run_peak_bytes
+    check_memory_limit(need, max_bytes, what,
+                       f"{rows:,.0f} rows loaded whole at {TRACE_LOAD_BYTES_PER_ROW} B a row + "
+                       f"{run_peak_bytes / 1e9:,.1f} GB of runs", remedy)
+    return need
 
 
 def check_sweep_size(config: RunConfig, rates, num_seeds: int, workers: int | None) -> None:

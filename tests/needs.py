@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 
 import pytest
 
@@ -30,3 +32,16 @@ def pyverbs(module: str = "pyverbs"):
     except ImportError:
         pytest.skip(f"Debian python3-pyverbs not installed or not visible to this interpreter: "
                     f"{RDMA_STEP}", allow_module_level=True)
+
+
+def vllm_python() -> str:
+    """The python ``HAWK_VLLM_PYTHON`` names, once it imports vllm; else a skip saying why."""
+    python = os.environ.get("HAWK_VLLM_PYTHON")
+    if not python:
+        pytest.skip("HAWK_VLLM_PYTHON names no python with vLLM (scripts/validate-vllm.sh "
+                    "installs one; CI does not)")
+    found = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
+    if found.returncode != 0:
+        pytest.skip(f"HAWK_VLLM_PYTHON={python} cannot import vllm: "
+                    f"{found.stderr.strip().splitlines()[-1:]}")
+    return python

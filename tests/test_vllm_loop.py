@@ -13,21 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.needs import vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def vllm_python() -> str:
-    python = os.environ.get("HAWK_VLLM_PYTHON")
-    if not python:
-        pytest.skip("HAWK_VLLM_PYTHON names no python with vLLM (scripts/validate-vllm.sh "
-                    "installs one; CI does not)")
-    found = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
-    if found.returncode != 0:
-        pytest.skip(f"HAWK_VLLM_PYTHON={python} cannot import vllm: "
-                    f"{found.stderr.strip().splitlines()[-1:]}")
-    return python
 
 
 def free_port() -> int:

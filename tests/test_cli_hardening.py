@@ -94,7 +94,9 @@ def test_long_commands_announce_before_they_start(capsys, monkeypatch):
     monkeypatch.setattr(speed, "run", lambda **kw: (_ for _ in ()).throw(SystemExit(0)))
     with pytest.raises(SystemExit):
         main(["bench"])
-    assert "hawk bench: about 900,000 requests" in capsys.readouterr().err
+    # 100,000 requests, 9 simulated runs a repeat (3 P/D, and for each of the 2 aggregated
+    # clusters 2 runs and a P/D baseline), 3 repeats
+    assert "hawk bench: about 2,700,000 requests" in capsys.readouterr().err
 
 
 # --- nonsense refused by the flag's name ----------------------------------------------------

@@ -168,6 +168,8 @@ def test_conservation_under_instance_loss_and_preemption(fast_forward):
     assert sum(result.stats["aggregated_preemptions"]) > 0
     lost = rec[rec["status"] == "failed_instance_lost"]
     assert (lost["decode_instance"] == 1).all() and (lost["finished_at"] >= 60.0).all()
+    later = rec[rec["arrival_at"] > 60.0]                 # routed past the loss: to 0 only
+    assert len(later) and (later["decode_instance"] == 0).all()
     assert result.stats["aggregated_blocks_in_use"] == [0, 0]
     ok = rec[rec["status"] == "ok"]
     assert (ok["first_token_at"] >= ok["prefill_start_at"]).all()

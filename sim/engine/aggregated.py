@@ -89,6 +89,7 @@ class AggregatedInstance:
         self._timer = MovableTimer(env, self._on_timer)
         self.source = None                    # lazy arrivals (sim.engine.router), or None
         self.lost = False
+        self.on_lost = None                   # called once lost (the router's), or None
         self.busy_time = 0.0
         self.num_steps = 0                    # engine steps taken
         self.num_wakeups = 0                  # timer firings
@@ -123,17 +124,18 @@ class AggregatedInstance:
         boundary comes before the next arrival and no other event is due until then, the run
         ends there and the next step starts at once, as the timer's firing would have done
         (every event, e.g. a streamed record's write-out, keeps its order)."""
-        if self._step is None:
+        step = self._step
+        if step is None:
             self._timer.cancel()
             self._start(self.env._now)
             return
-        start, decodes, chunks, steps, context = self._step
+        start, decodes, chunks, steps, context = step
         if steps > 1:
-            j, t = self.predictor.decode_next_boundary(decodes, context, steps,
-                                                       self.env._now - start)
+            now = self.env._now
+            j, t = self.predictor.decode_next_boundary(decodes, context, steps, now - start)
             if j < steps:
                 self._step = (start, decodes, chunks, j, context)
-                end = timeout_instant(self.env._now, start + t)   # where its timer would fire
+                end = timeout_instant(now, start + t)     # where its timer would fire
                 # no event and no arrival comes before the boundary: nothing in between
                 if (self.ahead and self._timer.first_until(end)
                         and end < self.horizon.next_arrival_at()):
@@ -175,23 +177,25 @@ class AggregatedInstance:
         the rest are timers."""
         source, decoding = self.source, self.decoding
         clock = now          # the clock's instant when the step was due: timers are set from it
+        log, ahead_on, schedule = self.log, self.ahead, self._schedule
         # routed: the next arrival is routed after this returns (no event runs meanwhile)
-        horizon_at = (self.horizon.next_arrival_at() if self.ahead and source is None
+        horizon_at = (self.horizon.next_arrival_at() if ahead_on and source is None
                       else math.inf)
+        steady_runs = self.fast_forward
         while True:
             if source is not None and now >= self._next_at:
                 self._next_at = source.admit_until(now)
-            chunks, steady = self._schedule(now)
+            chunks, steady = schedule(now)
             decodes = len(decoding)
             if not decodes and not chunks:
                 at = self._next_at if source is not None else math.inf
                 if at < math.inf:
                     self._timer.set(at, clock)
                 return
-            context = self._base_sum + decodes * (self.it + 1)   # KVs and new tokens
+            it = self.it + 1
+            context = self._base_sum + decodes * it   # KVs and new tokens
             cut = False
-            if chunks or not (steady and self.fast_forward):
-                it = self.it + 1
+            if chunks or not (steady and steady_runs):
                 duration = self.predictor.mixed_step_time(
                     [(n, c) for _, n, c in chunks], [b + it for b in decoding.values()])
                 steps = 1
@@ -200,10 +204,10 @@ class AggregatedInstance:
             if not duration >= 0:
                 raise ValueError(f"aggregated instance {self.index}: a step priced at "
                                  f"{duration} s; a predictor's time must be >= 0")
-            if self.log is not None:
+            if log is not None:
                 self._logged = tuple(i for i in self.running if i in decoding)
-            ahead = self.ahead and (cut or not steady or bool(chunks) if source is not None
-                                    else now + duration < horizon_at)
+            ahead = ahead_on and (cut or not steady or bool(chunks) if source is not None
+                                  else now + duration < horizon_at)
             if not ahead:
                 self._step = (now, decodes, chunks, steps, context)
                 self._timer.set(now + duration, clock)
@@ -211,8 +215,8 @@ class AggregatedInstance:
             end = self._ahead_end = now + duration
             self.busy_time += duration
             self.num_steps += steps
-            if self.log is not None:
-                self.log.append((now, end, self._logged, tuple(chunks), steps))
+            if log is not None:
+                log.append((now, end, self._logged, tuple(chunks), steps))
             self._commit(chunks, steps, end)
             now = end
 
@@ -298,22 +302,22 @@ class AggregatedInstance:
     def _commit(self, chunks: list, steps: int, now: float) -> None:
         """The step (or run of ``steps`` decode steps) ended at ``now``: tokens computed,
         tokens sampled, requests finished."""
+        it = self.it
         if steps > 1:
-            self.free_blocks -= growth(self, self.it + 2, steps - 1)
-        it = self.it = self.it + steps
-        finishing, ledger = self._finishing, self.ledger
-        ended = []
+            self.free_blocks -= growth(self, it + 2, steps - 1)
+        it = self.it = it + steps
+        finishing, ended = self._finishing, []
         while finishing and finishing[0][0] == it:
-            _, i = finishing.pop(0)
-            self._undecode(i)
-            ended.append(i)
+            ended.append(finishing.pop(0)[1])
+            self._undecode(ended[-1])
         if chunks:
             self._sample(chunks, it, now, ended)
         if ended:
+            ledger, prefix = self.ledger, self.prefix
             for i in ended:
                 ledger.finish(i, now)
-                if self.prefix is not None:
-                    self.prefix.release(i)
+                if prefix is not None:
+                    prefix.release(i)
             if len(ended) == 1:
                 self.running.remove(ended[0])
             else:
@@ -396,6 +400,8 @@ class AggregatedInstance:
             at = self.source.next_arrival_at()
             if at < math.inf:
                 self._timer.set(at)
+        if self.on_lost is not None:
+            self.on_lost()
 
     def busy_within(self, t: float) -> float:
         """Seconds of [0, t] in steps (``t`` = now: the end of a run, cut or not); a cut run

@@ -22,6 +22,7 @@ import math
 import numpy as np
 from simpy.events import URGENT, Event
 
+from policies.routing import round_robin
 from sim.engine.timers import schedule_after
 
 
@@ -184,7 +185,14 @@ class PoolRouter:
         self._callbacks = [self._arrive]          # SimPy only reads an event's callback list
         for a in aggregated:                      # no one looks at them between arrivals
             a.horizon, a.ahead = self, a.fast_forward
+            a.on_lost = self._lost
+        self._live = aggregated                   # the instances not lost (all, if none is)
+        self._blind = route is round_robin        # it reads neither loads nor free blocks
         self._arm()
+
+    def _lost(self) -> None:
+        """An aggregated instance was lost: later arrivals go to the others, if any."""
+        self._live = [a for a in self.aggregated if not a.lost] or self.aggregated
 
     def next_arrival_at(self) -> float:
         """The instant of the next arrival not yet routed (inf: none is left)."""
@@ -212,12 +220,15 @@ class PoolRouter:
         if reason is not None:
             self.ledger.fail(i, reason, self.ledger.arrival_at[i])
         elif not self.prefills or self._to_aggregated(i):
-            live = [a for a in self.aggregated if not a.lost] or self.aggregated
-            k = self.route([a.load for a in live], [a.free_blocks for a in live],
-                           self.num_routed[0])
-            self.num_routed[0] += 1
-            live[k].enqueue(i)
-            live[k].kick()
+            live, routed = self._live, self.num_routed
+            if self._blind:                       # round_robin's choice, without its inputs
+                a = live[routed[0] % len(live)]
+            else:
+                a = live[self.route([a.load for a in live], [a.free_blocks for a in live],
+                                    routed[0])]
+            routed[0] += 1
+            a.enqueue(i)
+            a.kick()
         else:
             prefills = self.prefills
             k = self.route([p.load for p in prefills], [p.free_blocks for p in prefills],

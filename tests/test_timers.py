@@ -3,7 +3,7 @@
 import simpy
 from simpy.events import NORMAL, Timeout
 
-from sim.engine.timers import MovableTimer
+from sim.engine.timers import MovableTimer, run_now_if_next
 
 
 def test_simpy_queue_layout_the_timer_relies_on():
@@ -109,3 +109,13 @@ def test_a_timer_knows_its_instant_and_whether_an_instant_comes_first():
     timer.set(1.9)
     timer.set(1.8)                                # from the clock: 0.2 + (1.8 - 0.2)
     assert timer.fires_at == 1.8
+
+
+def test_an_event_runs_now_only_when_it_comes_strictly_before_every_queued_one():
+    env = simpy.Environment()
+    env.timeout(2.0)
+    assert not run_now_if_next(env, 2.0) and env.now == 0.0     # a tie: it must queue
+    assert not run_now_if_next(env, 3.0) and env.now == 0.0
+    assert run_now_if_next(env, 1.5) and env.now == 1.5         # the clock moves there
+    env.run()
+    assert env.now == 2.0 and run_now_if_next(env, 0.25) and env.now == 2.25   # empty queue

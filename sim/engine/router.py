@@ -23,7 +23,7 @@ import numpy as np
 from simpy.events import URGENT, Event
 
 from policies.routing import round_robin
-from sim.engine.timers import schedule_after
+from sim.engine.timers import run_now_if_next, schedule_after
 
 
 class Router:
@@ -214,8 +214,21 @@ class PoolRouter:
         schedule_after(self.env, at - now if at > now else 0.0, self._event, URGENT)
 
     def _arrive(self, _event) -> None:
-        i = self.next
-        self.next = i + 1
+        """Route the arrival that is due, and each next one that comes before any other
+        event at once (``run_now_if_next``), with no event of its own; then arm the next."""
+        env, n, arrivals = self.env, self.ledger.n, self.ledger.arrival_at
+        while True:
+            i = self.next
+            self.next = i + 1
+            self._route(i)
+            if i + 1 == n:
+                return
+            now, at = env._now, arrivals[i + 1]
+            if not run_now_if_next(env, at - now if at > now else 0.0):
+                break
+        self._arm()
+
+    def _route(self, i: int) -> None:
         reason = self.reasons[i]
         if reason is not None:
             self.ledger.fail(i, reason, self.ledger.arrival_at[i])
@@ -236,7 +249,6 @@ class PoolRouter:
             self.num_routed[1] += 1
             prefills[k].enqueue(i)
             prefills[k].kick()
-        self._arm()
 
     def _to_aggregated(self, i: int) -> bool:
         if not self.prefills:

@@ -139,6 +139,20 @@ def schedule_after(env: Environment, delay: float, event: Event,
     heappush(env._queue, (env._now + delay, priority, next(env._eid), event))
 
 
+def run_now_if_next(env: Environment, delay: float) -> bool:
+    """Whether an event scheduled now ``delay`` seconds ahead (as ``schedule_after`` would
+    schedule it, any priority) would be the queue's next one, strictly before every event
+    in it; if so the clock moves to its instant, as ``run_events`` would move it to pop it,
+    and the caller runs it at once instead of scheduling it. Events keep their order: the
+    id it would have taken is skipped, and ids only break ties."""
+    at = env._now + delay
+    queue = env._queue
+    if queue and queue[0][0] <= at:
+        return False
+    env._now = at
+    return True
+
+
 def run_events(env: Environment, until: float | None = None) -> None:
     """``env.run(until)``. A run to the end steps SimPy's event queue itself, with
     ``Environment.step`` inlined after the first event: the same events in the same order,

@@ -177,11 +177,10 @@ class AggregatedInstance:
         the rest are timers."""
         source, decoding = self.source, self.decoding
         clock = now          # the clock's instant when the step was due: timers are set from it
-        log, ahead_on, schedule = self.log, self.ahead, self._schedule
+        log, ahead_on, ff, schedule = self.log, self.ahead, self.fast_forward, self._schedule
         # routed: the next arrival is routed after this returns (no event runs meanwhile)
         horizon_at = (self.horizon.next_arrival_at() if ahead_on and source is None
                       else math.inf)
-        steady_runs = self.fast_forward
         while True:
             if source is not None and now >= self._next_at:
                 self._next_at = source.admit_until(now)
@@ -195,7 +194,7 @@ class AggregatedInstance:
             it = self.it + 1
             context = self._base_sum + decodes * it   # KVs and new tokens
             cut = False
-            if chunks or not (steady and steady_runs):
+            if chunks or not (steady and ff):
                 duration = self.predictor.mixed_step_time(
                     [(n, c) for _, n, c in chunks], [b + it for b in decoding.values()])
                 steps = 1
@@ -307,9 +306,15 @@ class AggregatedInstance:
             self.free_blocks -= growth(self, it + 2, steps - 1)
         it = self.it = it + steps
         finishing, ended = self._finishing, []
-        while finishing and finishing[0][0] == it:
-            ended.append(finishing.pop(0)[1])
-            self._undecode(ended[-1])
+        if finishing and finishing[0][0] == it:   # _undecode, inlined: often one a run
+            B, decoding, residues = self.block_size, self.decoding, self._residues
+            while finishing and finishing[0][0] == it:
+                i = finishing.pop(0)[1]
+                base = decoding.pop(i)
+                residues[base % B] -= 1
+                self._base_sum -= base
+                self.free_blocks += -(-(base + it) // B)
+                ended.append(i)
         if chunks:
             self._sample(chunks, it, now, ended)
         if ended:

@@ -170,7 +170,7 @@ def _check(kind: str, what: str, ours, paper) -> dict:
         return _row(what, ours, paper, "+-0.05 req/s",
                     _finite(ours) and abs(ours - paper) <= KNEE_TOLERANCE + 1e-9, what)
     measured_never = isinstance(ours, float) and math.isnan(ours)     # None: missing
-    return _row(what.replace(" knee ", " ") + " never reaches 90% attainment", ours, None,
+    return _row(what.replace(" knee ", " ") + " never reaches 90% attainment", ours, paper,
                 "no knee on the rate grid", measured_never, what)
 
 

@@ -288,6 +288,8 @@ def _cell(x) -> str:
         return ", ".join(f"{k} {v}" for k, v in x.items())
     if isinstance(x, (list, tuple)):                  # +inf: never (e.g. never over the SLO)
         return " / ".join("never" if v == math.inf else _f(v) for v in x)
+    if x == math.inf:
+        return "never"
     return x if isinstance(x, str) else _f(x)
 
 

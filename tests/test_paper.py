@@ -62,6 +62,31 @@ def test_devices_check_under_the_paper_profile(capsys):
     assert "vLLM TPOT at 1 req/s" in out and "profile 'paper'" in out
 
 
+def test_knees_lie_on_the_papers_grid_with_the_bisected_knee_past_them(result):
+    """Each knee is a rate of the paper's 0.05 req/s grid meeting 90%, the next grid rate
+    misses (searched where the quick sweep skips it), and the bisected knee of each numbered
+    target lies between them; the values at the knee come from the runs at that rate."""
+    from sim.paper.checks import TARGETS
+    from sim.paper.knees import PAPER_RATE_STEP, grid_index
+
+    for workload, res in result["sweeps"].items():
+        for name, r in res.items():
+            grid, bisected = r["knee_rate"], r["knee_bisected"]
+            assert result["knees"][workload][name] is grid
+            assert result["knees_bisected"][workload][name] is bisected
+            if grid is None or math.isnan(grid):
+                assert r["at_knee"] is None
+                continue
+            grid_index(grid)
+            lo, hi = r["knee_bracket"]
+            assert grid <= bisected == lo < hi <= grid + PAPER_RATE_STEP + 1e-9
+            if name not in TARGETS["knees"][workload]:
+                assert bisected == grid           # only the numbered knees are bisected
+            assert r["output_tokens_per_s_at_knee"] == r["at_knee"]["output_tokens_per_s"]
+    rows = {c["check"]: c for c in result["checks"]}
+    assert "bisected" in rows["chatbot knee GG-Direct"]
+
+
 def test_figure9_orderings(result):
     for size in paper.FIG9_SIZES_MB:
         lat = {r["mechanism"]: r["latency_s"] for r in result["fig9"] if r["size_mb"] == size}
@@ -311,7 +336,8 @@ def test_the_fits_interpolated_knee_and_scaled_residuals():
     assert knee([0.2, 0.4], [1.0, 0.99], interpolate=True) == 0.4         # beyond the range
     assert residual(Target("k", "knee", 0.65), 0.70) == pytest.approx(1.0)
     assert residual(Target("r", "ratio", 2.0), 2.3) == pytest.approx(1.0)
-    assert residual(Target("n", "knee", math.nan), None) == 0.0      # "never", and never
+    assert residual(Target("n", "knee", math.nan), math.nan) == 0.0  # "never", and never
+    assert residual(Target("n", "knee", math.nan), None) == 10.0     # "never", and missing
     assert residual(Target("n", "knee", math.nan), 0.1) == pytest.approx(2.0)
 
 

@@ -26,7 +26,8 @@ def make_result(record, knee: float = 0.5) -> dict:
     result = {"profile": "paper", "quick": True, "targets": TARGETS, "fig9": fig9,
               "table1": {k: record[f"Table 1 {k}"]["fit_value"] for k in TARGETS["table1"]},
               "knees": {w: dict.fromkeys(names, knee) for w, names in TARGETS["knees"].items()},
-              "efficiency": {}, "throughput_at_knee": {}, "checks": [], "sweeps": {}}
+              "efficiency": {}, "throughput_at_knee": {}, "steady_throughput_at_knee": {},
+              "checks": [], "sweeps": {}}
     result.update(paper.fit_summary(result))
     return result
 
@@ -106,13 +107,15 @@ def test_no_fit_record_no_fit_table(record):
 
 def test_the_targets_table_gives_each_error_in_its_checks_terms(record):
     result = make_result(record, knee=0.45)
-    result["knees"]["chatbot"]["GN-Host"] = None                 # never reaches 90%
-    result["throughput_at_knee"]["chatbot"] = {"GN-HAWK": 97.0, "GG-Direct": 100.0}
+    result["knees"]["chatbot"]["GN-Host"] = math.nan             # never reaches 90%
+    result["knees"]["summarization"]["GG-Host"] = None           # missing: beyond the sweep
+    result["steady_throughput_at_knee"]["chatbot"] = {"GN-HAWK": 97.0, "GG-Direct": 100.0}
     rows = {row[0]: row[1:] for row in comparison_table(result)}
     ours, paper_value, err = rows["chatbot knee GG-Direct (req/s)"]
     assert (ours, paper_value) == ("0.45", "0.65")
     assert err == f"{0.45 - TARGETS['knees']['chatbot']['GG-Direct']:+.3f} req/s"   # not -31%
     assert rows["chatbot knee GN-Host (req/s)"] == ("never", "never", "+0.000 req/s")
+    assert rows["summarization knee GG-Host (req/s)"] == ("missing", "0.38", "n/a")
     gap = rows["chatbot GN-HAWK throughput at knee vs GG-Direct"]
     assert gap == ("-3.00%", "-0.48%", "-2.52 pts")
     ratio = rows["Table 1 decode_ratio"]

@@ -34,14 +34,21 @@ def add_parser(sub) -> None:
 
 
 def _announce(args) -> None:
-    """The reproduction's estimate: every configuration's sweep of every workload, and its
-    runs at the knee, one sweep point per worker at a time."""
+    """The reproduction's estimate: every configuration's sweep of every workload, the
+    searches for knees between swept rates of the paper's grid (at most, where the widest gap
+    holds the knee) and the bisections of the numbered knees, one run per worker at a time."""
+    from sim.paper.checks import TARGETS
     from sim.paper.experiments import CONFIGS, WORKLOADS, sweep_settings
+    from sim.paper.knees import BISECTION_STEPS, grid_index
 
     runs, per_run = 0, 0
     for workload in WORKLOADS:
         opts = sweep_settings(workload, args.quick)
-        runs += len(CONFIGS) * (len(opts["rates"]) + 1) * len(opts["seeds"])
+        ks = sorted(grid_index(r) for r in opts["rates"])
+        gap = max((b - a for a, b in zip(ks, ks[1:])), default=1)
+        search = len(CONFIGS) * math.ceil(math.log2(gap))
+        bisect = len(TARGETS["knees"][workload]) * BISECTION_STEPS
+        runs += (len(CONFIGS) * len(opts["rates"]) + search + bisect) * len(opts["seeds"])
         per_run = max(per_run, opts["num_requests"])
     announce("hawk paper", per_run, args.max_wall_s, copies_in_turn=runs,
              in_parallel=args.workers or os.cpu_count() or 1, quiet=args.json,

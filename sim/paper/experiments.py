@@ -6,9 +6,10 @@ Every number comes from the ``paper`` profile (sim/profiles/paper.toml) and the 
 - ``figure9``: isolated transfer latency vs size, each mechanism over GG-Host.
 - ``table1``: 4x A100 vs 4x p150a at 512 in / 128 out / batch 32 (roofline predictors).
 - ``serving``: rate sweeps per workload and configuration (``sim.runs.sweep``, in parallel), knee at
-  90% SLO attainment, output throughput there (over the whole run, as the fit's targets take
-  it, and over the steady window, ``steady_throughput_at_knee``: no ramp, no drain), then power
-  and cost at the knee.
+  90% SLO attainment on the paper's rate grid and bisected past it (``sim.paper.knees``),
+  output throughput at the grid knee (over the whole run, ``throughput_at_knee``, and over the
+  steady window, ``steady_throughput_at_knee``: no ramp, no drain, what the throughput targets
+  take), then power and cost there.
 - ``run_paper``: all of it as one JSON-ready dict, next to the paper's figures (``TARGETS``),
   with each claim of the paper's section 6 checked (``sim.paper.checks``).
 
@@ -27,6 +28,7 @@ from sim.models import power as power_mod
 from sim.config import RunConfig
 from sim.engine.cluster import make_predictor
 from sim.paper.checks import TARGETS, checks
+from sim.paper.knees import BISECTION_STEPS, grid_index, refine_knee
 from sim.models.predictor import load_profile_table
 from sim.paper.devices_report import devices_summary
 from sim.paper.sensitivity_table import load as sensitivity_table
@@ -152,10 +154,13 @@ def sweep_settings(workload: str, quick: bool, profile: str = PROFILE) -> dict:
 
 def serving(workload: str, names=tuple(CONFIGS), quick: bool = False, workers: int | None = None,
             profile: str = PROFILE, say=None) -> dict:
-    """Per configuration: the sweep rows, knee, throughput at the knee, power and cost there."""
-    from sim.runs.sweep import summarize_sweep, sweep
+    """Per configuration: the sweep rows, the knee on the paper's grid and bisected
+    (``sim.paper.knees``), output throughput at the grid knee (whole run and steady window),
+    power and cost there. The sweep's own runs give the values at the knee."""
+    from sim.runs.sweep import summarize_sweep
 
     opts = sweep_settings(workload, quick, profile)
+    _on_grid(opts["rates"], f"{'quick_' if quick else ''}{workload}_rates", profile)
     out = {}
     for k, name in enumerate(names):
         if say is not None:
@@ -163,32 +168,78 @@ def serving(workload: str, names=tuple(CONFIGS), quick: bool = False, workers: i
                 f"{len(opts['seeds'])} seeds of {opts['num_requests']:,} requests")
         config = serving_config(name, workload, profile).replace(
             **{"workload.num_requests": opts["num_requests"]})
-        points = sweep(config, opts["rates"], opts["seeds"], workers=workers, progress=False)
+        points = _points(config, opts["rates"], opts["seeds"], workers)
         summary = summarize_sweep(points)
         summary["num_failed_out_of_memory"] = sum(
             p.summary["statuses"].get("failed_out_of_memory", 0) for p in points)
-        summary["at_knee"] = at_rate(config, summary["knee_rate"], opts["seeds"])
+        searched: list = []
+        knee = refine_knee(_meets(config, opts["seeds"], searched, summary["target"]),
+                           summary["rows"], summary["target"],
+                           BISECTION_STEPS if name in TARGETS["knees"][workload] else 0)
+        summary["knee_swept"] = summary["knee_rate"]    # highest swept rate meeting it
+        summary.update(knee_rate=knee["grid"], knee_bisected=knee["bisected"],
+                       knee_bracket=knee["bracket"], num_knee_search_runs=len(searched))
+        summary["at_knee"] = values_at(points + searched, knee["grid"])
+        summary["output_tokens_per_s_at_knee"] = (summary["at_knee"] or {}).get(
+            "output_tokens_per_s")
         out[name] = summary
     return out
 
 
-def at_rate(config: RunConfig, rate: float, seeds) -> dict | None:
-    """Power and cost of ``config`` at ``rate``, averaged over ``seeds`` (None for NaN)."""
-    from sim.engine.cluster import simulate
+def _on_grid(rates, field: str, profile: str) -> None:
+    from sim.config import ConfigError
 
+    for rate in rates:
+        try:
+            grid_index(rate)
+        except ValueError as exc:
+            raise ConfigError(f"profile {profile} [serving] {field}: {exc}") from None
+
+
+def _points(config: RunConfig, rates, seeds, workers) -> list:
+    from sim.runs.sweep import run_parallel
+
+    jobs = [(config, float(r), int(s)) for r in rates for s in seeds]
+    return run_parallel(_paper_point, jobs, workers, progress=False, desc="sweep")
+
+
+def _paper_point(args: tuple[RunConfig, float, int]):
+    """One sweep point with its efficiency and steady-window throughput (``at_rate``)."""
+    from sim.engine.cluster import simulate
+    from sim.runs.sweep import SweepPoint
+
+    config, rate, seed = args
+    run = simulate(config.replace(**{"workload.rate": rate, "seed": seed}))
+    row = run_efficiency(run.stats, run.summary, config,
+                         load_profile_table(config.cluster.profile))
+    # output throughput in the steady window (no ramp, no drain: traces.metrics)
+    row["steady_output_tokens_per_s"] = (
+        metrics.steady_output_tokens_per_s(run.records) if run.records is not None
+        else math.nan)
+    return SweepPoint(rate, seed, {**run.summary, "at_rate": row})
+
+
+def _meets(config: RunConfig, seeds, searched: list, target: float):
+    """``meets(rate)`` for the knee search: the mean attainment over ``seeds`` meets
+    ``target``; its runs are appended to ``searched``. They run in this process: a pool
+    started for a run or two costs more than the runs (each worker warms up its caches)."""
+    def meets(rate: float) -> bool:
+        points = _points(config, [rate], seeds, workers=1)
+        searched.extend(points)
+        values = [p.summary["slo_attainment"] for p in points
+                  if p.summary.get("slo_attainment") is not None]
+        return bool(values) and sum(values) / len(values) >= target
+    return meets
+
+
+def values_at(points: list, rate) -> dict | None:
+    """Power, cost and throughput at ``rate``, averaged over the seeds run there (None for a
+    missing or NaN rate)."""
     if rate is None or math.isnan(rate):
         return None
-    profile = load_profile_table(config.cluster.profile)
-    rows = []
-    for seed in seeds:
-        run = simulate(config.replace(**{"workload.rate": rate, "seed": seed}))
-        row = run_efficiency(run.stats, run.summary, config, profile)
-        # beside the whole run's figure: output throughput in the steady window (no ramp,
-        # no drain: traces.metrics); the fit's targets still use the whole run's
-        row["steady_output_tokens_per_s"] = (
-            metrics.steady_output_tokens_per_s(run.records) if run.records is not None
-            else math.nan)
-        rows.append(row)
+    rows = [p.summary["at_rate"] for p in points if abs(p.rate - rate) < 1e-9]
+    if not rows:
+        return None
     return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
 
 
@@ -226,12 +277,13 @@ def run_paper(quick: bool = False, workers: int | None = None, profile: str = PR
     hears each sweep as it starts."""
     out = {"profile": profile, "quick": quick,
            "fig9": figure9(profile), "table1": table1(profile),
-           "knees": {}, "throughput_at_knee": {}, "steady_throughput_at_knee": {},
+           "knees": {}, "knees_bisected": {}, "throughput_at_knee": {}, "steady_throughput_at_knee": {},
            "efficiency": {}, "sweeps": {}}
     for workload in workloads:
         res = serving(workload, names, quick, workers, profile, say)
         out["sweeps"][workload] = res
         out["knees"][workload] = {n: r["knee_rate"] for n, r in res.items()}
+        out["knees_bisected"][workload] = {n: r["knee_bisected"] for n, r in res.items()}
         out["throughput_at_knee"][workload] = {n: r["output_tokens_per_s_at_knee"]
                                                for n, r in res.items()}
         out["steady_throughput_at_knee"][workload] = {

@@ -22,11 +22,14 @@ METHOD = ("scipy.optimize.least_squares (trf, bounded, parameters log-scaled to 
 
 
 def error(kind: str, value, paper: float) -> float | None:
-    """Relative error for ratios, absolute for knees and gaps; None without a value. A knee
-    the paper says is never reached: 0 if ours is not reached either, else our knee."""
+    """Relative error for ratios, absolute for knees and gaps; None without a value (a
+    missing knee too). A knee the paper says is never reached: 0 if ours is measured as
+    never reached (NaN) too, else our knee."""
+    if value is None:
+        return None
     if kind == "knee" and not math.isfinite(paper):
-        return 0.0 if value is None or not math.isfinite(value) else value
-    if value is None or not math.isfinite(value):
+        return 0.0 if not math.isfinite(value) else value
+    if not math.isfinite(value):
         return None
     return value / paper - 1.0 if kind == "ratio" else value - paper
 

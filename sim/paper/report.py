@@ -116,13 +116,14 @@ def markdown(result: dict) -> str:
         lines.append(f"| {size} | " + " | ".join(_f(cells[m]) for m in _mechs(result)) + " |")
     for workload, res in result["sweeps"].items():
         lines += ["", f"## Serving: {workload}", "",
-                  "| config | knee (req/s) | knee per seed | tokens/s at knee | steady tokens/s "
-                  "| OOM failures | tokens/J | tokens/s/$ | $/request |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| config | knee on the paper's grid (req/s) | bisected | knee per seed | "
+                  "tokens/s at knee | steady tokens/s | OOM failures | tokens/J | tokens/s/$ | "
+                  "$/request |", "|---|---|---|---|---|---|---|---|---|---|"]
         for name, r in res.items():
             k = r.get("at_knee") or {}
             seeds = " / ".join(_f(v) for v in (r.get("knee_by_seed") or {}).values())
-            lines.append(f"| {name} | {_f(r['knee_rate'])} | {seeds} | "
+            lines.append(f"| {name} | {_knee(r['knee_rate'])} | {_knee(r.get('knee_bisected'))} "
+                         f"| {seeds} | "
                          f"{_f(r['output_tokens_per_s_at_knee'])} | "
                          f"{_f(k.get('steady_output_tokens_per_s'))} | "
                          f"{r.get('num_failed_out_of_memory', 0)} | {_f(k.get('tokens_per_joule'))} "
@@ -171,8 +172,11 @@ def _fit_intro(result: dict) -> str:
 
 
 def _value(kind: str, x) -> str:
-    """A target's value; a knee that is None or NaN is never reached; a gap in percent."""
-    if kind == "knee" and (x is None or (isinstance(x, float) and math.isnan(x))):
+    """A target's value; a knee that is NaN is never reached, None is missing (beyond the
+    sweep or not run); a gap in percent."""
+    if kind == "knee" and x is None:
+        return "missing"
+    if kind == "knee" and isinstance(x, float) and math.isnan(x):
         return "never"
     if kind == "gap":
         return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f}%"
@@ -246,7 +250,8 @@ def what_binds(summary: dict, ttft_slo_s: float, tpot_slo_s: float) -> dict:
     rows = summary["rows"]
     knee = summary["knee_rate"]
     finite = knee is not None and math.isfinite(knee)
-    past = next((r for r in rows if r["rate"] > knee), None) if finite else rows[0]
+    past = (next((r for r in rows if r["rate"] > knee), None) if finite
+            else None if knee is None else rows[0])       # None: beyond the swept range
     if past is None:
         return {"knee_rate": knee, "slo_missed_past_knee": "beyond the swept range",
                 "binds": "nothing within the swept range", "stage_growth_s": {}}
@@ -271,11 +276,20 @@ def what_binds(summary: dict, ttft_slo_s: float, tpot_slo_s: float) -> dict:
             "binds": binds, "stage_growth_s": growth}
 
 
+def _knee(x) -> str:
+    """A knee: "never" (NaN: no swept rate meets 90%), "missing" (None: beyond the sweep)."""
+    if x is None:
+        return "missing"
+    return "never" if isinstance(x, float) and math.isnan(x) else _f(x)
+
+
 def _cell(x) -> str:
     if isinstance(x, dict):
         return ", ".join(f"{k} {v}" for k, v in x.items())
     if isinstance(x, (list, tuple)):                  # +inf: never (e.g. never over the SLO)
         return " / ".join("never" if v == math.inf else _f(v) for v in x)
+    if x == math.inf:
+        return "never"
     return x if isinstance(x, str) else _f(x)
 
 

@@ -14,6 +14,15 @@ rerun into the same directory skips the points it holds: the profile is resumabl
   median over the N; repeated, a run whose stream came in bursts is outvoted). The step's
   context per request is L plus the tokens made by the middle of that window.
 - ``prefill``: a lone request of L prompt tokens and ``max_tokens`` 1, repeated: its TTFT.
+- ``burst``: K one-token requests (``max_tokens`` 1) sent at once, repeated: the time until
+  the last one's answer. Its growth with K is what the API server (and the client beside it)
+  spends on each request before the engine sees it, on whichever core it shares: the front
+  end's cost per request (``frontend_cost``).
+
+Where the engine has vLLM's ``/metrics`` (``traces.engine_metrics``), each floor and prefill
+request is read there too: the engine core's own time from scheduling it to its first token
+(``engine_seconds``). The API latency is then the floor's TTFT less that, request by request,
+and prefill.csv holds the engine's times; without ``/metrics``, the rules below.
 
 The engine's settings (``engine_settings``): ``/v1/models`` (the model and ``max_model_len``),
 vLLM's ``/metrics`` ``vllm:cache_config_info`` (``block_size``, ``kv_cache_size_tokens``);
@@ -59,9 +68,15 @@ class ProfilePlan:
     decode_tokens: int = 64
     floor_repeats: int = 10
     decode_repeats: int = 3
+    bursts: tuple[int, ...] = (8, 64)
+    burst_repeats: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("repeats", "decode_tokens", "floor_repeats", "decode_repeats"):
+        if len(set(self.bursts)) < 2 or min(self.bursts) < 1:
+            raise ValueError(f"profile plan: bursts {self.bursts} must be two or more sizes "
+                             f">= 1 (the cost per request is their slope)")
+        for name in ("repeats", "decode_tokens", "floor_repeats", "decode_repeats",
+                     "burst_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"profile plan: {name} = {getattr(self, name)} must be >= 1")
         if not self.batches or min(self.batches) < 1:
@@ -115,6 +130,7 @@ def plan_points(plan: ProfilePlan, engine: EngineSettings) -> list[Point]:
     out += [Point("decode", p, b, min(tokens, context - p), plan.decode_repeats)
             for b in batches for p in prompts]
     out += [Point("prefill", n, 1, 1, plan.repeats) for n in lengths]
+    out += [Point("burst", 1, k, 1, plan.burst_repeats) for k in sorted(set(plan.bursts))]
     return out
 
 
@@ -177,12 +193,14 @@ def measure(endpoint: str, engine: EngineSettings, points: list[Point], token_id
 async def _measure(endpoint, engine, points, token_ids, done) -> None:
     import aiohttp
 
+    from traces import engine_metrics
     from traces.prompts import PromptMaker, PromptSpec
     from traces.replay import ReplayConfig
 
     spec = PromptSpec(kind="token_ids", token_id_low=token_ids[0], token_id_high=token_ids[1],
                       seed=len(points))
     config = ReplayConfig(endpoint, model=engine.model, start_delay_s=0.0)
+    base = config.models_url.removesuffix("/v1/models")
     prompts = PromptMaker(spec, engine.max_model_len)
     counter = iter(range(10**9))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
@@ -198,11 +216,19 @@ async def _measure(endpoint, engine, points, token_ids, done) -> None:
                              "seconds": [step for step, _ in runs],
                              "context_per_request": float(np.median([c for _, c in runs]))})
                 continue
-            seconds = []
+            seconds, engine_s = [], []
             for _ in range(point.repeats):
-                states = await _run(http, config, prompts, counter, point.prompt, 1, 1)
-                seconds.append(states[0].token_at[0])       # sent at 0: its TTFT
-            done(point, {"key": point.key, **dataclasses.asdict(point), "seconds": seconds})
+                before = await engine_metrics.scrape(http, base)
+                states = await _run(http, config, prompts, counter, point.prompt,
+                                    point.batch, 1)
+                # sent at 0: a lone request's TTFT, a burst's last answer
+                seconds.append(max(s.token_at[-1] for s in states))
+                engine_s.append(engine_metrics.means(
+                    before, await engine_metrics.scrape(http, base)).get("prefill_s"))
+            sample = {"key": point.key, **dataclasses.asdict(point), "seconds": seconds}
+            if point.kind != "burst" and all(e is not None for e in engine_s):
+                sample["engine_seconds"] = engine_s
+            done(point, sample)
 
 
 async def _run(http, config, prompts, counter, prompt: int, batch: int, max_tokens: int):
@@ -313,14 +339,28 @@ def derive(samples: dict[str, dict]) -> tuple[float | None, list, list]:
     lone = [s for s in decode if s["batch"] == 1]
     if not floor or not lone:
         return None, [], rows
-    step = _stats(lone[0]["seconds"])[0]
-    latency = max(0.0, _stats(floor[0]["seconds"])[0] - step)
+    if "engine_seconds" in floor[0]:     # the engine's own first step, request by request
+        latency = max(0.0, _stats(np.subtract(floor[0]["seconds"],
+                                              floor[0]["engine_seconds"]))[0])
+    else:
+        latency = max(0.0, _stats(floor[0]["seconds"])[0] - _stats(lone[0]["seconds"])[0])
     prefill = []
     for s in sorted((s for s in samples.values() if s["kind"] == "prefill"),
                     key=lambda s: s["prompt"]):
-        engine_s = [max(t - latency, 1e-6) for t in s["seconds"]]
+        engine_s = s.get("engine_seconds") or [max(t - latency, 1e-6) for t in s["seconds"]]
         prefill.append((s["prompt"], 1, *_stats(engine_s), len(engine_s)))
     return latency, prefill, rows
+
+
+def frontend_cost(samples: dict[str, dict]) -> float | None:
+    """Seconds the front end spends on each request: the least-squares slope of the bursts'
+    median drain time against their size (None without two sizes; never below 0)."""
+    bursts = sorted((s["batch"], _stats(s["seconds"])[0]) for s in samples.values()
+                    if s["kind"] == "burst")
+    if len(bursts) < 2:
+        return None
+    k, t = np.array(bursts, dtype=float).T
+    return max(0.0, float(np.polyfit(k, t, 1)[0]))
 
 
 def write_profile(out: Path, head: dict, samples: dict[str, dict], complete: bool) -> None:
@@ -333,6 +373,9 @@ def write_profile(out: Path, head: dict, samples: dict[str, dict], complete: boo
     doc = {k: dict(v) for k, v in head.items()}
     doc["meta"]["complete"] = complete and latency is not None
     doc["serving"]["api_latency_s"] = latency
+    cost = frontend_cost(samples)
+    if cost is not None:
+        doc["serving"]["frontend_request_s"] = cost
     for name, rows in (("prefill", prefill), ("decode", decode)):
         text = ",".join(KEYS[name] + STATS) + "\n" + "".join(
             ",".join(f"{x:.9g}" if isinstance(x, float) else str(x) for x in row) + "\n"

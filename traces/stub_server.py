@@ -32,6 +32,8 @@ them) or for every request:
                             gets HTTP 404 ("The model `x` does not exist.", as vLLM answers);
                             unset, there is no listing and any model name is served
 ``max_model_len``           the listing gives each model this context (vLLM's field)
+``request_cost_s``          a front end that takes this long per request, one at a time,
+                            before its delays start (an API server on a busy core)
 ==========================  ==================================================================
 
 It exists to check the replay client against known delays and behaviours, and as a
@@ -72,9 +74,10 @@ class StubConfig:
     usage: bool = True
     string_prompts_only: bool = False
     timings: bool = False
+    request_cost_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.ttft_s < 0 or self.tpot_s < 0:
+        if self.ttft_s < 0 or self.tpot_s < 0 or self.request_cost_s < 0:
             raise ValueError(f"delays must be >= 0, got ttft {self.ttft_s}, tpot {self.tpot_s}")
 
 
@@ -82,8 +85,12 @@ def make_app(config: StubConfig):
     from aiohttp import web
 
     last_prompt: list = []      # the one slot's cached prompt (for ``timings.cache_n``)
+    front = asyncio.Lock()      # the front end: one request at a time
 
     async def complete(request: web.Request) -> web.StreamResponse:
+        if config.request_cost_s:
+            async with front:
+                await asyncio.sleep(config.request_cost_s)
         arrived = asyncio.get_running_loop().time()
         body = await request.json()
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
@@ -232,6 +239,8 @@ def main(argv=None) -> None:
     parser.add_argument("--timings", action="store_true", help="llama-server-style timings")
     parser.add_argument("--models", nargs="+", help="served model names (GET /v1/models)")
     parser.add_argument("--max-model-len", type=int, help="the context /v1/models lists")
+    parser.add_argument("--request-cost", type=float, default=0.0,
+                        help="seconds per request at a one-at-a-time front end")
     args = parser.parse_args(argv)
     try:
         import aiohttp  # noqa: F401
@@ -243,7 +252,8 @@ def main(argv=None) -> None:
                         merge_utf8=args.merge_utf8, usage=not args.no_usage,
                         string_prompts_only=args.string_prompts_only, timings=args.timings,
                         models=tuple(args.models) if args.models else None,
-                        max_model_len=args.max_model_len)
+                        max_model_len=args.max_model_len,
+                        request_cost_s=args.request_cost)
     try:
         asyncio.run(serve(config, args.host, args.port))
     except KeyboardInterrupt:

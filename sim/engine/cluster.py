@@ -7,6 +7,8 @@ returns a ``RunResult`` with the records table and the summary metrics.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import time
 from dataclasses import dataclass, field
@@ -292,9 +294,13 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
     inst = config.cluster.aggregated
     m = measured_parts(config)          # an engine measured from outside (hawk profile)
-    if m is not None and m.api_latency_s and stream is not None:
+    if m is not None and (m.api_latency_s or m.frontend_request_s) and stream is not None:
         raise ConfigError(f"cluster.profile {m.profile.path}: a streamed run cannot add the "
                           f"profile's API latency to its records; run it without streaming")
+    arrived = trace          # the engine sees each request after its front end's queue
+    if m is not None and m.frontend_request_s:
+        waits = pools.frontend_waits(trace.arrival_at, m.frontend_request_s)
+        trace = dataclasses.replace(trace, arrival_at=trace.arrival_at + waits)
     wall = time.perf_counter()
     env = simpy.Environment()
     if stream is None:
@@ -318,6 +324,8 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         raise
     if m is not None and m.api_latency_s:
         pools.delay_outputs(ledger, m.api_latency_s)
+    if arrived is not trace:             # the records keep the requests' own arrivals
+        ledger.trace, ledger.arrival_at = arrived, arrived.arrival_at.tolist()
     records, summary = pools.records_and_summary(config, ledger, until, stream is not None)
     summary["sim_wall_time_s"] = time.perf_counter() - wall
     summary["simulated_time_s"] = span = float(env.now)

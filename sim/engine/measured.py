@@ -102,6 +102,14 @@ class MeasuredParts:
         steps that much later)."""
         return self.profile.serving["api_latency_s"]
 
+    @property
+    def frontend_request_s(self) -> float:
+        """Seconds the engine's front end (its API server, and the client on the same host)
+        spends on each request before the engine sees it, one request at a time ([serving]
+        frontend_request_s of ``hawk profile --endpoint``; 0 when not measured): requests
+        arriving faster than that queue there (``sim.engine.pools.frontend_waits``)."""
+        return self.profile.serving.get("frontend_request_s", 0.0)
+
     def restore_time(self, tokens: int, how: str) -> float:
         """A preempted request's KV back: recomputed, priced by the prefill table (the real
         workers never preempt: they reserve up front; swap has no measured PCIe figure)."""

@@ -130,6 +130,20 @@ def delay_outputs(ledger, delay_s: float) -> None:
             column[i] = value + delay_s          # NaN (never reached) stays NaN
 
 
+def frontend_waits(arrivals, cost_s: float):
+    """Each request's wait at a front end that takes ``cost_s`` per request, one at a time,
+    in arrival order (a single server, first come first served): how much later than its
+    arrival the engine sees it, beyond the constant latency a lone request has."""
+    import numpy as np
+
+    arrivals = np.asarray(arrivals, dtype=float)
+    starts = np.empty_like(arrivals)
+    free_at = -math.inf
+    for i, a in enumerate(arrivals):
+        starts[i] = free_at = max(a, free_at) + cost_s
+    return starts - cost_s - arrivals
+
+
 def beside_pd(env, config: RunConfig, ledger, prefills: list, decodes: list,
               max_context: int, predictor, blocks: int) -> list[AggregatedInstance]:
     """``kind = "both"``: the aggregated pool and the router over it and the P/D pool.

@@ -273,6 +273,7 @@ def _model_and_serving(doc: dict, where: str):
     serving = {k: _whole(s, "serving", k, where) for k in SERVING_FIELDS}
     serving["engine"] = engine
     serving["api_latency_s"] = _seconds(s, "api_latency_s", where)
+    serving["frontend_request_s"] = _seconds(s, "frontend_request_s", where)
     for key, default in SERVING_DEFAULTS.items():
         serving[key] = _whole(s, "serving", key, where) if key in s else default
     if "kv_bytes_per_token" in s:         # the bytes transfer.csv counts per token

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.validation import errors as val
+from traces import engine_metrics
 from traces.jsonout import dumps
 from traces.trace import Trace
 
@@ -172,9 +173,37 @@ def endpoint_records(trace: Trace, endpoint: str, ttft_slo_s: float, tpot_slo_s:
     warm = Trace.from_columns(np.arange(WARMUP_REQUESTS) * 0.1, [8] * WARMUP_REQUESTS,
                               [4] * WARMUP_REQUESTS, name="warm-up")
     replay(warm, ReplayConfig(endpoint, prompt=dataclasses.replace(spec, seed=1 + len(trace))))
+    before = engine_metrics.scrape_sync(endpoint_base(endpoint))
     result = replay(trace, ReplayConfig(endpoint, prompt=spec))
+    engine = engine_metrics.means(before, engine_metrics.scrape_sync(endpoint_base(endpoint)))
     result.write(out, ttft_slo_s, tpot_slo_s)
+    lag = result.client["send_lag_s"].to_numpy(dtype=float)
+    result.records.attrs["views"] = {"engine": engine, "client_send_lag_s": float(
+        np.nanmean(lag)) if np.isfinite(lag).any() else None}
     return result.records
+
+
+def endpoint_base(endpoint: str) -> str:
+    from traces.replay import ReplayConfig
+
+    return ReplayConfig(endpoint).models_url.removesuffix("/v1/models")
+
+
+def views(real, sim) -> dict:
+    """Means of where the time goes, three ways: the client's records, the engine's own
+    (vLLM's ``/metrics`` over the replay, ``traces.engine_metrics``; empty without them) and
+    the simulator's, in seconds."""
+    from traces import metrics
+
+    def side(frame) -> dict:
+        ok = metrics.ok_mask(frame)
+        return {f"{name}_s": float(np.nanmean(fn(frame)[ok])) if ok.any() else None
+                for name, fn in (("ttft", metrics.ttft), ("tpot", metrics.tpot))}
+    out = {"client": {**side(real), "send_lag_s": None}, "sim": side(sim), "engine": {}}
+    seen = real.attrs.get("views") or {}
+    out["client"]["send_lag_s"] = seen.get("client_send_lag_s")
+    out["engine"] = seen.get("engine") or {}
+    return out
 
 
 def real_records(trace: Trace, config, ttft_slo_s: float, tpot_slo_s: float, context: int,
@@ -349,6 +378,8 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
                 side: val.prefill_batch_ratios(frame, table.prefill_time) for side, frame in sides}
             judged["decode_step_vs_table"] = {
                 side: val.decode_step_ratios(frame, step_time) for side, frame in sides}
+            if endpoint is not None:
+                judged["views"] = views(real, sim)
             result["loads"].append({"name": load.name, "rate": load.rate, **judged})
             if out is not None:
                 (base / load.name / "sim").mkdir(parents=True, exist_ok=True)

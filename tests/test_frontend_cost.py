@@ -1,0 +1,88 @@
+"""The front end's cost per request: measured by hawk profile --endpoint (bursts of one-token
+requests) against a stub engine whose front end takes a set time per request, one at a time,
+and simulated as a first-come-first-served queue before the engine. Also the engine's own
+timing read from vLLM-style /metrics (traces.engine_metrics)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.engine.pools import frontend_waits
+from traces import engine_metrics
+
+COST, TTFT, TPOT, CONTEXT = 0.01, 0.03, 0.01, 256
+
+
+def test_a_front_end_serves_requests_one_at_a_time_in_arrival_order():
+    # 0 and 0 at once: the second waits the first's 1 s; 0.5 arrives while both are served
+    # (free at 2): waits 1.5; 10 arrives to an idle front end
+    assert frontend_waits([0.0, 0.0, 0.5, 10.0], 1.0) == pytest.approx([0.0, 1.0, 1.5, 0.0])
+    assert frontend_waits([0.0, 0.0], 0.0) == pytest.approx([0.0, 0.0])
+
+
+METRICS = """# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase.
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 3.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 0.25
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 5.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 1.5
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 5.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 400.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 20.0
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_engine_metrics_are_means_over_what_happened_between_two_scrapes():
+    before = engine_metrics.parse(METRICS)
+    after = engine_metrics.parse(METRICS.replace("0.25", "0.45").replace(
+        "prefill_time_seconds_count{engine=\"0\",model_name=\"m\"} 5.0",
+        "prefill_time_seconds_count{engine=\"0\",model_name=\"m\"} 7.0"))
+    assert before["request_prefill_time_seconds_count"] == 5.0
+    means = engine_metrics.means(before, after)
+    assert means == {"prefill_s": pytest.approx(0.1)}        # 0.2 s over 2 requests
+    assert engine_metrics.means({}, after) == {}             # no /metrics: unknown, not zero
+    assert engine_metrics.means(engine_metrics.parse(""), after) == {}
+
+
+@pytest.fixture(scope="module")
+def costly(tmp_path_factory):
+    pytest.importorskip("aiohttp")
+    from sim.commands.main import main
+    from tests.builders import run_stub_server
+
+    out = tmp_path_factory.mktemp("frontend") / "p"
+    with run_stub_server("--models", "m", "--max-model-len", str(CONTEXT), "--request-cost",
+                         str(COST), ttft_s=TTFT, tpot_s=TPOT) as url:
+        assert main(["profile", "--endpoint", url, "--out", str(out), "--quick",
+                     "--decode-tokens", "8", "--batches", "1,4"]) == 0
+        yield out, url
+
+
+def test_the_profile_recovers_the_front_ends_cost_per_request(costly):
+    from sim.models.profile_dir import load_profile_dir
+
+    serving = load_profile_dir(costly[0]).serving
+    # the stub's lock, and the client's and the server's own work per request beside it
+    assert 0.8 * COST < serving["frontend_request_s"] < 2 * COST
+    # a lone request pays the front end once, inside the latency beside the engine's step
+    assert serving["api_latency_s"] > COST
+
+
+def test_the_simulator_queues_a_burst_at_the_front_end_as_the_stub_does(costly, tmp_path):
+    from sim.validation.run import endpoint_records, simulate_on_profile
+    from traces import metrics
+    from traces.trace import Trace
+
+    profile, url = costly
+    burst = Trace.from_columns(np.zeros(12), [16] * 12, [4] * 12, name="burst")
+    real = endpoint_records(burst, url, 1.0, 0.1, tmp_path / "real")
+    sim = simulate_on_profile(profile, burst, None, 1.0, 0.1)
+    real_ttft, sim_ttft = np.sort(metrics.ttft(real)), np.sort(metrics.ttft(sim))
+    # the last of twelve waits eleven costs at the front end, on both sides
+    real_spread, sim_spread = real_ttft[-1] - real_ttft[0], sim_ttft[-1] - sim_ttft[0]
+    assert real_spread > 8 * COST
+    assert 0.6 * real_spread < sim_spread < 1.6 * real_spread
+    assert np.median(sim_ttft) == pytest.approx(np.median(real_ttft), rel=0.4)
+    # the records keep the requests' own arrivals
+    assert np.all(sim["arrival_at"].to_numpy() == 0.0)

@@ -247,13 +247,15 @@ def load_requests(trace_path, workload: str | None, num_requests: int, context: 
 
 def default_slos(simulate_fn, requests: Requests) -> tuple[float, float]:
     """``TTFT_SLO_X`` x / ``TPOT_SLO_X`` x the simulated TTFT / TPOT of the longest prompt
-    alone (its own output length, at least 2 tokens so TPOT is defined)."""
+    alone (its own output length, at least 2 tokens so TPOT is defined; a token added to
+    the output is taken from the prompt, so a request that fills the context still fits)."""
     from traces import metrics
 
     t = requests.trace
     i = int(t.num_prompt_tokens.argmax())
-    alone = Trace.from_columns([0.0], [int(t.num_prompt_tokens[i])],
-                               [max(2, int(t.num_output_tokens[i]))], name="alone")
+    prompt, output = int(t.num_prompt_tokens[i]), int(t.num_output_tokens[i])
+    extra = max(0, 2 - output)
+    alone = Trace.from_columns([0.0], [max(1, prompt - extra)], [output + extra], name="alone")
     frame = simulate_fn(alone, 1e6, 1e6)
     ttft, tpot = float(metrics.ttft(frame)[0]), float(metrics.tpot(frame)[0])
     if not (ttft > 0 and tpot > 0):

@@ -86,3 +86,15 @@ def test_the_simulator_queues_a_burst_at_the_front_end_as_the_stub_does(costly, 
     assert np.median(sim_ttft) == pytest.approx(np.median(real_ttft), rel=0.4)
     # the records keep the requests' own arrivals
     assert np.all(sim["arrival_at"].to_numpy() == 0.0)
+
+
+def test_a_noisy_tables_extrapolation_never_prices_a_step_below_its_fastest_point():
+    from sim.models.table import TablePredictor
+
+    # decode at batch 16 measured faster than at batch 4 (a noisy profile): the end segment
+    # extrapolated to batch 64 would fall below zero
+    table = TablePredictor([16, 512], [0.004, 0.02], [1, 4, 16], [64],
+                           [[0.003], [0.012], [0.002]])
+    assert table.decode_step_time(64, 64 * 64) == pytest.approx(0.002)
+    assert table.decode_step_time(4, 4 * 64) == pytest.approx(0.012)   # measured: as measured
+    assert table.mixed_step_time([(300, 0)], [64] * 64) >= 0.002

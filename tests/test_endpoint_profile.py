@@ -115,6 +115,13 @@ def test_validate_against_the_endpoint_pairs_every_request(measured, tmp_path):
     assert set(real["status"]) == {"ok"} and set(sim["status"]) == {"ok"}
     assert (tmp_path / "v" / load["name"] / "paired.parquet").is_file()
     assert (tmp_path / "v" / load["name"] / "real" / "records.parquet").is_file()
+    # means three ways: the stub has no /metrics, so the engine's own view is unknown
+    views = load["views"]
+    assert views["engine"] == {} and views["client"]["ttft_s"] > 0.8 * TTFT
+    assert views["sim"]["ttft_s"] > 0.8 * TTFT and views["client"]["send_lag_s"] is not None
+    from sim.validation.errors import format_result
+
+    assert "means, ms: client TTFT" in format_result(result)
 
 
 def test_validate_refuses_an_endpoint_profile_without_an_endpoint(measured):

@@ -303,8 +303,8 @@ def format_views(views: dict) -> str:
         return "-" if value is None or not math.isfinite(value) else f"{1e3 * value:.2f}"
     c, e, s = views["client"], views["engine"], views["sim"]
     lines = [f"  means, ms: client TTFT {ms(c['ttft_s'])} TPOT {ms(c['tpot_s'])} (sent "
-             f"{ms(c['send_lag_s'])} late); simulated TTFT {ms(s['ttft_s'])} TPOT "
-             f"{ms(s['tpot_s'])}"]
+             f"{ms(c['send_lag_s'])} late); simulated TTFT {ms(s['ttft_s'])} (first step "
+             f"{ms(s.get('prefill_s'))}) TPOT {ms(s['tpot_s'])}"]
     if e:
         lines.append(f"  engine's own (vLLM /metrics): API server TTFT {ms(e.get('api_ttft_s'))}"
                      f", queue {ms(e.get('queue_s'))}, prefill {ms(e.get('prefill_s'))}, TPOT "

@@ -200,6 +200,10 @@ def views(real, sim) -> dict:
         return {f"{name}_s": float(np.nanmean(fn(frame)[ok])) if ok.any() else None
                 for name, fn in (("ttft", metrics.ttft), ("tpot", metrics.tpot))}
     out = {"client": {**side(real), "send_lag_s": None}, "sim": side(sim), "engine": {}}
+    ok = metrics.ok_mask(sim)
+    if ok.any():      # the simulator's first step: from its start to the first token
+        first = (sim["first_token_at"] - sim["prefill_start_at"]).to_numpy(dtype=float)
+        out["sim"]["prefill_s"] = float(np.nanmean(first[ok]))
     seen = real.attrs.get("views") or {}
     out["client"]["send_lag_s"] = seen.get("client_send_lag_s")
     out["engine"] = seen.get("engine") or {}

@@ -46,6 +46,9 @@ def test_the_profile_recovers_the_stub_engines_delays(measured):
     assert 0.5 * (TTFT - TPOT) < latency < 1.5 * (TTFT - TPOT)
     ttft = latency + p.prefill[:, 2]                   # a lone prompt's TTFT at every length
     assert ttft.min() > 0.8 * TTFT and ttft.max() < 1.5 * TTFT
+    # the stub's steps never slow for requests coming and going, nor does it queue them
+    assert p.serving["request_churn_s"] < 0.2 * TPOT
+    assert p.serving["frontend_request_s"] < 0.2 * TTFT
 
 
 def test_the_simulator_serves_a_lone_request_as_the_stub(measured):

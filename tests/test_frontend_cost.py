@@ -98,3 +98,55 @@ def test_a_noisy_tables_extrapolation_never_prices_a_step_below_its_fastest_poin
     assert table.decode_step_time(64, 64 * 64) == pytest.approx(0.002)
     assert table.decode_step_time(4, 4 * 64) == pytest.approx(0.012)   # measured: as measured
     assert table.mixed_step_time([(300, 0)], [64] * 64) >= 0.002
+
+
+def test_churn_prices_each_request_whose_prompt_starts_in_a_step():
+    from sim.engine.measured import ChurnPriced
+    from sim.models.table import TablePredictor
+
+    table = TablePredictor([1, 512], [0.004, 0.02], [1, 16], [64], [[0.003], [0.006]])
+    priced = ChurnPriced(table, 0.001)
+    decodes = [64] * 8
+    assert priced.mixed_step_time([], decodes) == table.mixed_step_time([], decodes)
+    # two prompts start here, a third one's later chunk goes on
+    chunks = [(100, 0), (1, 0), (50, 200)]
+    assert priced.mixed_step_time(chunks, decodes) == pytest.approx(
+        table.mixed_step_time(chunks, decodes) + 0.002)
+    assert priced.mixed_step(chunks, decodes)[0] == pytest.approx(
+        table.mixed_step(chunks, decodes)[0] + 0.002)
+    assert priced.decode_step_time(8, 512) == table.decode_step_time(8, 512)
+
+
+def test_the_churn_cost_is_the_share_of_time_lost_per_request():
+    from traces.endpoint_costs import churn_cost
+
+    # steps 10 ms alone, 12.5 ms with 50 req/s coming and going: 20% of each second lost to
+    # 50 requests, 4 ms each
+    samples = {"churn:64:4:32": {"kind": "churn", "prompt": 64, "batch": 4, "max_tokens": 32,
+                                 "baseline_seconds": [0.010, 0.010, 0.011],
+                                 "seconds": [0.0125, 0.0125, 0.0110], "rates": [50, 50, 40]}}
+    cost = churn_cost(samples)
+    assert cost["request_churn_s"] == pytest.approx(0.004)     # the median run
+    assert (cost["churn_batch"], cost["churn_context"]) == (4, 80)
+    assert churn_cost({}) is None
+
+
+def test_the_profile_recovers_what_each_request_costs_the_others_steps(tmp_path):
+    pytest.importorskip("aiohttp")
+    from sim.commands.main import main
+    from sim.engine.measured import measured_parts
+    from sim.config import RunConfig
+    from sim.models.profile_dir import load_profile_dir
+    from tests.builders import run_stub_server
+
+    churn = 0.004
+    with run_stub_server("--models", "m", "--max-model-len", str(CONTEXT), "--churn-cost",
+                         str(churn), ttft_s=TTFT, tpot_s=TPOT) as url:
+        assert main(["profile", "--endpoint", url, "--out", str(tmp_path / "p"), "--quick",
+                     "--decode-tokens", "32", "--batches", "1,4"]) == 0
+    serving = load_profile_dir(tmp_path / "p").serving
+    assert 0.5 * churn < serving["request_churn_s"] < 1.6 * churn
+    m = measured_parts(RunConfig().replace(**{"cluster.profile": str(tmp_path / "p")}))
+    # the table prices a one-token prompt joining a step at about nothing (the stub's steps
+    # do not grow with the batch): what the simulator adds is about the churn itself
+    assert 0.5 * churn < m.request_overhead_s < 1.6 * churn

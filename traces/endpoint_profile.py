@@ -14,10 +14,9 @@ rerun into the same directory skips the points it holds: the profile is resumabl
   median over the N; repeated, a run whose stream came in bursts is outvoted). The step's
   context per request is L plus the tokens made by the middle of that window.
 - ``prefill``: a lone request of L prompt tokens and ``max_tokens`` 1, repeated: its TTFT.
-- ``burst``: K one-token requests (``max_tokens`` 1) sent at once, repeated: the time until
-  the last one's answer. Its growth with K is what the API server (and the client beside it)
-  spends on each request before the engine sees it, on whichever core it shares: the front
-  end's cost per request (``frontend_cost``).
+- ``burst``: K one-token requests sent at once, repeated: the time until the last answer;
+  its slope in K is the front end's cost per request. ``churn``: N decoding requests alone
+  and with one-token ones coming and going, alternated (both: ``traces.endpoint_costs``).
 
 Where the engine has vLLM's ``/metrics`` (``traces.engine_metrics``), each floor and prefill
 request is read there too: the engine core's own time from scheduling it to its first token
@@ -131,6 +130,10 @@ def plan_points(plan: ProfilePlan, engine: EngineSettings) -> list[Point]:
             for b in batches for p in prompts]
     out += [Point("prefill", n, 1, 1, plan.repeats) for n in lengths]
     out += [Point("burst", 1, k, 1, plan.burst_repeats) for k in sorted(set(plan.bursts))]
+    churn = min(b for b in batches if b >= min(8, max(batches)))
+    prompt = prompts[1] if len(prompts) > 1 else prompts[0]
+    out.append(Point("churn", prompt, churn, max(1, min(2 * tokens, context - prompt - 1)),
+                     plan.decode_repeats))
     return out
 
 
@@ -207,6 +210,19 @@ async def _measure(endpoint, engine, points, token_ids, done) -> None:
                                      timeout=aiohttp.ClientTimeout(total=None)) as http:
         await _run(http, config, prompts, counter, 1, 1, 1)          # warm-up
         for point in points:
+            if point.kind == "churn":
+                from traces.endpoint_costs import churn_pair
+
+                runs = [await churn_pair(
+                    http, config, prompts, counter, point.prompt, point.batch,
+                    point.max_tokens, error=EndpointProfileError,
+                    run=lambda *a: _run(http, config, prompts, counter, *a),
+                    step_of=lambda states: _decode_run(point, states)[0])
+                        for _ in range(point.repeats)]
+                done(point, {"key": point.key, **dataclasses.asdict(point),
+                             "baseline_seconds": [a for a, _, _ in runs],
+                             "seconds": [b for _, b, _ in runs], "rates": [r for _, _, r in runs]})
+                continue
             if point.kind == "decode":
                 runs = [_decode_run(point, await _run(http, config, prompts, counter,
                                                       point.prompt, point.batch,
@@ -352,17 +368,6 @@ def derive(samples: dict[str, dict]) -> tuple[float | None, list, list]:
     return latency, prefill, rows
 
 
-def frontend_cost(samples: dict[str, dict]) -> float | None:
-    """Seconds the front end spends on each request: the least-squares slope of the bursts'
-    median drain time against their size (None without two sizes; never below 0)."""
-    bursts = sorted((s["batch"], _stats(s["seconds"])[0]) for s in samples.values()
-                    if s["kind"] == "burst")
-    if len(bursts) < 2:
-        return None
-    k, t = np.array(bursts, dtype=float).T
-    return max(0.0, float(np.polyfit(k, t, 1)[0]))
-
-
 def write_profile(out: Path, head: dict, samples: dict[str, dict], complete: bool) -> None:
     """profile.toml, prefill.csv and decode.csv from ``head`` and the samples (rewritten
     whole: they are derived, ``samples.jsonl`` is the record)."""
@@ -373,9 +378,12 @@ def write_profile(out: Path, head: dict, samples: dict[str, dict], complete: boo
     doc = {k: dict(v) for k, v in head.items()}
     doc["meta"]["complete"] = complete and latency is not None
     doc["serving"]["api_latency_s"] = latency
+    from traces.endpoint_costs import churn_cost, frontend_cost
+
     cost = frontend_cost(samples)
     if cost is not None:
         doc["serving"]["frontend_request_s"] = cost
+    doc["serving"].update(churn_cost(samples) or {})
     for name, rows in (("prefill", prefill), ("decode", decode)):
         text = ",".join(KEYS[name] + STATS) + "\n" + "".join(
             ",".join(f"{x:.9g}" if isinstance(x, float) else str(x) for x in row) + "\n"

@@ -311,6 +311,10 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         ledger = open_ledger(config, trace, stream, until, False)
     predictor = predictors[0] if predictors else (
         m.predictor if m is not None else make_predictor(config, inst))
+    if not predictors and m is not None and m.request_overhead_s:
+        from sim.engine.measured import ChurnPriced
+
+        predictor = ChurnPriced(predictor, m.request_overhead_s)
     pool = pools.aggregated_pool(env, config, ledger, predictor, m.decode_blocks if m is not None
                                  else kv_capacity_blocks(config, inst),
                                  trace if stream is None else None)
@@ -337,6 +341,8 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
     if m is not None:
         summary["profile"] = {"path": m.profile.path, "complete": m.profile.complete,
                               "api_latency_s": m.api_latency_s,
+                              "frontend_request_s": m.frontend_request_s,
+                              "request_overhead_s": m.request_overhead_s,
                               "extrapolated": m.extrapolation()}
     summary["config"] = provenance(config)
     return RunResult(config, records, summary, stats,

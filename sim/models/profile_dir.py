@@ -274,6 +274,11 @@ def _model_and_serving(doc: dict, where: str):
     serving["engine"] = engine
     serving["api_latency_s"] = _seconds(s, "api_latency_s", where)
     serving["frontend_request_s"] = _seconds(s, "frontend_request_s", where)
+    # the churn point (traces.endpoint_costs): what a request's coming and going costs the
+    # others' steps; absent, nothing is added
+    serving["request_churn_s"] = _seconds(s, "request_churn_s", where)
+    for key in ("churn_batch", "churn_context"):
+        serving[key] = _whole(s, "serving", key, where) if key in s else 1
     for key, default in SERVING_DEFAULTS.items():
         serving[key] = _whole(s, "serving", key, where) if key in s else default
     if "kv_bytes_per_token" in s:         # the bytes transfer.csv counts per token

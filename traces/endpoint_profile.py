@@ -18,10 +18,12 @@ rerun into the same directory skips the points it holds: the profile is resumabl
   its slope in K is the front end's cost per request. ``churn``: N decoding requests alone
   and with one-token ones coming and going, alternated (both: ``traces.endpoint_costs``).
 
-Where the engine has vLLM's ``/metrics`` (``traces.engine_metrics``), each floor and prefill
-request is read there too: the engine core's own time from scheduling it to its first token
-(``engine_seconds``). The API latency is then the floor's TTFT less that, request by request,
-and prefill.csv holds the engine's times; without ``/metrics``, the rules below.
+Where the engine has vLLM's ``/metrics`` (``traces.engine_metrics``), every run is read there
+too (``engine_seconds``): a floor or prefill request's engine-core time from scheduling it to
+its first token, a decode run's mean gap between a request's steps by the engine's clock
+(ramp-up steps included; a stalled stream cannot shorten it). The API latency is then the
+floor's TTFT less the engine's time, request by request, and prefill.csv and decode.csv hold
+the engine's times; without ``/metrics``, the rules below.
 
 The engine's settings (``engine_settings``): ``/v1/models`` (the model and ``max_model_len``),
 vLLM's ``/metrics`` ``vllm:cache_config_info`` (``block_size``, ``kv_cache_size_tokens``);
@@ -29,18 +31,15 @@ the scheduler's limits as the caller passes them (vLLM V1 on a CPU: ``max_num_se
 ``max_num_batched_tokens`` 2048, ``vllm/engine/arg_utils.py`` ``get_batch_defaults``).
 
 Derived tables (``hardware.serve.profile_files``'s format, ``sim.models.profile_dir`` reads
-them): the API latency is the floor's TTFT less one decode step of one sequence (the
-engine's step of a one-token prompt); prefill.csv holds each length's TTFT less that latency
-(an engine step of that prompt), decode.csv each point's step. ``[serving] engine =
-"aggregated"`` and ``api_latency_s`` tell the simulator to serve both phases in one instance
-and to add the API latency to every request's first token and finish.
+them) without ``/metrics``: the API latency is the floor's TTFT less one decode step of one
+sequence, prefill.csv each length's TTFT less that, decode.csv each point's step. ``[serving]
+engine = "aggregated"``: the simulator serves both phases in one instance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,13 +223,20 @@ async def _measure(endpoint, engine, points, token_ids, done) -> None:
                              "seconds": [b for _, b, _ in runs], "rates": [r for _, _, r in runs]})
                 continue
             if point.kind == "decode":
-                runs = [_decode_run(point, await _run(http, config, prompts, counter,
-                                                      point.prompt, point.batch,
-                                                      point.max_tokens))
-                        for _ in range(point.repeats)]
-                done(point, {"key": point.key, **dataclasses.asdict(point),
-                             "seconds": [step for step, _ in runs],
-                             "context_per_request": float(np.median([c for _, c in runs]))})
+                runs, engine_s = [], []
+                for _ in range(point.repeats):
+                    before = await engine_metrics.scrape(http, base)
+                    runs.append(_decode_run(point, await _run(
+                        http, config, prompts, counter, point.prompt, point.batch,
+                        point.max_tokens)))
+                    engine_s.append(engine_metrics.means(
+                        before, await engine_metrics.scrape(http, base)).get("itl_s"))
+                sample = {"key": point.key, **dataclasses.asdict(point),
+                          "seconds": [step for step, _ in runs],
+                          "context_per_request": float(np.median([c for _, c in runs]))}
+                if all(e is not None for e in engine_s):
+                    sample["engine_seconds"] = engine_s
+                done(point, sample)
                 continue
             seconds, engine_s = [], []
             for _ in range(point.repeats):
@@ -288,29 +294,6 @@ MODEL_KEYS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
               "vocab_size": "vocab_size"}
 
 
-def read_samples(out: Path) -> dict[str, dict]:
-    """The points ``samples.jsonl`` holds, by key (a half-written last line is dropped)."""
-    path = Path(out) / SAMPLES_FILE
-    if not path.is_file():
-        return {}
-    lines = path.read_text().split("\n")
-    if lines[-1]:                                   # no newline after it: cut short
-        path.write_text("\n".join(lines[:-1]) + "\n")
-    samples = {}
-    for number, line in enumerate(lines[:-1], start=1):
-        try:
-            sample = json.loads(line)
-            samples[sample["key"]] = sample
-        except (ValueError, KeyError, TypeError):
-            raise EndpointProfileError(f"{path}:{number}: not a sample line") from None
-    return samples
-
-
-def append_sample(out: Path, sample: dict) -> None:
-    with open(Path(out) / SAMPLES_FILE, "a") as f:
-        f.write(json.dumps(sample) + "\n")
-
-
 def header(endpoint: str, engine: EngineSettings, plan: ProfilePlan,
            model_config: dict | None = None) -> dict:
     """profile.toml's tables, less what the samples give ([serving] api_latency_s)."""
@@ -350,7 +333,8 @@ def derive(samples: dict[str, dict]) -> tuple[float | None, list, list]:
     decode = sorted((s for s in samples.values() if s["kind"] == "decode"),
                     key=lambda s: (s["batch"], s["context_per_request"]))
     rows = [(s["batch"], s["context_per_request"], s["batch"] * s["context_per_request"],
-             *_stats(s["seconds"]), len(s["seconds"])) for s in decode]
+             *_stats(s.get("engine_seconds") or s["seconds"]), len(s["seconds"]))
+            for s in decode]
     floor = [s for s in samples.values() if s["kind"] == "floor"]
     lone = [s for s in decode if s["batch"] == 1]
     if not floor or not lone:
@@ -359,7 +343,7 @@ def derive(samples: dict[str, dict]) -> tuple[float | None, list, list]:
         latency = max(0.0, _stats(np.subtract(floor[0]["seconds"],
                                               floor[0]["engine_seconds"]))[0])
     else:
-        latency = max(0.0, _stats(floor[0]["seconds"])[0] - _stats(lone[0]["seconds"])[0])
+        latency = max(0.0, _stats(floor[0]["seconds"])[0] - rows[0][3])
     prefill = []
     for s in sorted((s for s in samples.values() if s["kind"] == "prefill"),
                     key=lambda s: s["prompt"]):
@@ -392,13 +376,3 @@ def write_profile(out: Path, head: dict, samples: dict[str, dict], complete: boo
     tmp = out / "profile.toml.tmp"
     tmp.write_text("# Written by `hawk profile --endpoint`; seconds, tokens.\n" + to_toml(doc))
     tmp.replace(out / "profile.toml")
-
-
-def settings_diff(old: dict, new: dict) -> list[str]:
-    """What differs between a profile.toml's plan and engine and these (resume check)."""
-    keys = [("sweep", k) for k in set(old.get("sweep", {})) | set(new["sweep"])]
-    keys += [("serving", k) for k in ("prefill_max_batch_tokens", "decode_max_batch",
-                                      "kv_block_tokens", "num_kv_tokens")]
-    keys += [("model", "max_context"), ("machine", "endpoint")]
-    return [f"{t}.{k} is {new[t].get(k)!r} here, {old.get(t, {}).get(k)!r} in profile.toml"
-            for t, k in sorted(keys) if old.get(t, {}).get(k) != new[t].get(k)]

@@ -150,3 +150,23 @@ def test_the_profile_recovers_what_each_request_costs_the_others_steps(tmp_path)
     # the table prices a one-token prompt joining a step at about nothing (the stub's steps
     # do not grow with the batch): what the simulator adds is about the churn itself
     assert 0.5 * churn < m.request_overhead_s < 1.6 * churn
+
+
+def test_both_sides_are_judged_from_when_the_client_really_sent_each_request():
+    import pandas as pd
+
+    from sim.validation.endpoint import as_sent
+    from traces.trace import Trace
+
+    trace = Trace.from_columns([0.0, 0.1, 0.11, 0.3], [8] * 4, [4] * 4, name="t")
+    real = pd.DataFrame({"request_id": trace.request_id, "arrival_at": trace.arrival_at,
+                         "first_token_at": [0.05, 0.2, 0.3, 0.4]})
+    # the second left 30 ms late, the third before it (a task run out of order: never before
+    # the one before it), the fourth's instant is unknown (its due one)
+    real.attrs["sent_at"] = np.array([0.0, 0.13, 0.12, np.nan])
+    shifted, sent = as_sent(real, trace)
+    assert sent.arrival_at == pytest.approx([0.0, 0.13, 0.13, 0.3])
+    assert shifted["arrival_at"].to_numpy() == pytest.approx([0.0, 0.13, 0.13, 0.3])
+    assert real["arrival_at"].to_numpy() == pytest.approx(trace.arrival_at)  # not changed
+    del real.attrs["sent_at"]
+    assert as_sent(real, trace)[1] is trace

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.validation import errors as val
-from traces import engine_metrics
+from sim.validation.endpoint import WARMUP_REQUESTS, as_sent, endpoint_records, views
 from traces.jsonout import dumps
 from traces.trace import Trace
 
@@ -43,8 +43,6 @@ TPOT_SLO_X = 5.0
 KNEE_TARGET = 0.9
 #: requests the knee is searched on (the trace repeated, ``Requests.repeated``)
 KNEE_REQUESTS = 400
-#: requests a fresh cluster serves before the measured ones (the profile excludes warm-up too)
-WARMUP_REQUESTS = 4
 
 
 @dataclass(frozen=True)
@@ -159,55 +157,6 @@ def simulate_on_profile(profile, trace: Trace, mechanism: str | None, ttft_slo_s
     config = RunConfig().replace(**{"cluster.profile": str(profile), **link,
                                     "slo.ttft_s": ttft_slo_s, "slo.tpot_s": tpot_slo_s})
     return simulate(config, trace).records
-
-
-def endpoint_records(trace: Trace, endpoint: str, ttft_slo_s: float, tpot_slo_s: float,
-                     out: Path, token_ids: tuple[int, int] = (3, 1000)):
-    """Records of ``hawk replay`` of ``trace`` against a live engine (token-id prompts,
-    forced lengths; written to ``out`` too), after ``WARMUP_REQUESTS`` lone requests."""
-    from traces.prompts import PromptSpec
-    from traces.replay import ReplayConfig, replay
-
-    spec = PromptSpec(kind="token_ids", token_id_low=token_ids[0], token_id_high=token_ids[1],
-                      seed=len(trace))
-    warm = Trace.from_columns(np.arange(WARMUP_REQUESTS) * 0.1, [8] * WARMUP_REQUESTS,
-                              [4] * WARMUP_REQUESTS, name="warm-up")
-    replay(warm, ReplayConfig(endpoint, prompt=dataclasses.replace(spec, seed=1 + len(trace))))
-    before = engine_metrics.scrape_sync(endpoint_base(endpoint))
-    result = replay(trace, ReplayConfig(endpoint, prompt=spec))
-    engine = engine_metrics.means(before, engine_metrics.scrape_sync(endpoint_base(endpoint)))
-    result.write(out, ttft_slo_s, tpot_slo_s)
-    lag = result.client["send_lag_s"].to_numpy(dtype=float)
-    result.records.attrs["views"] = {"engine": engine, "client_send_lag_s": float(
-        np.nanmean(lag)) if np.isfinite(lag).any() else None}
-    return result.records
-
-
-def endpoint_base(endpoint: str) -> str:
-    from traces.replay import ReplayConfig
-
-    return ReplayConfig(endpoint).models_url.removesuffix("/v1/models")
-
-
-def views(real, sim) -> dict:
-    """Means of where the time goes, three ways: the client's records, the engine's own
-    (vLLM's ``/metrics`` over the replay, ``traces.engine_metrics``; empty without them) and
-    the simulator's, in seconds."""
-    from traces import metrics
-
-    def side(frame) -> dict:
-        ok = metrics.ok_mask(frame)
-        return {f"{name}_s": float(np.nanmean(fn(frame)[ok])) if ok.any() else None
-                for name, fn in (("ttft", metrics.ttft), ("tpot", metrics.tpot))}
-    out = {"client": {**side(real), "send_lag_s": None}, "sim": side(sim), "engine": {}}
-    ok = metrics.ok_mask(sim)
-    if ok.any():      # the simulator's first step: from its start to the first token
-        first = (sim["first_token_at"] - sim["prefill_start_at"]).to_numpy(dtype=float)
-        out["sim"]["prefill_s"] = float(np.nanmean(first[ok]))
-    seen = real.attrs.get("views") or {}
-    out["client"]["send_lag_s"] = seen.get("client_send_lag_s")
-    out["engine"] = seen.get("engine") or {}
-    return out
 
 
 def real_records(trace: Trace, config, ttft_slo_s: float, tpot_slo_s: float, context: int,
@@ -376,8 +325,8 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
         for load in resolve_loads(items, knee):
             trace = requests.at(load.rate)
             say(f"{load.name}: {load.rate:.3g} req/s, {len(trace)} requests, real mode ...")
-            real = real_fn(trace, *slos, base / load.name / "real")
-            sim = simulate_fn(trace, *slos)
+            real, sent = as_sent(real_fn(trace, *slos, base / load.name / "real"), trace)
+            sim = simulate_fn(sent, *slos)
             judged, pairing = val.judge(real, sim, *slos, goals)
             sides = (("real", real), ("sim", sim))
             judged["prefill_batch_vs_table"] = {

@@ -170,3 +170,20 @@ def test_both_sides_are_judged_from_when_the_client_really_sent_each_request():
     assert real["arrival_at"].to_numpy() == pytest.approx(trace.arrival_at)  # not changed
     del real.attrs["sent_at"]
     assert as_sent(real, trace)[1] is trace
+
+
+def test_the_api_servers_ttft_percentiles_come_from_its_histograms_buckets():
+    def text(counts):
+        edges = ("0.01", "0.02", "0.1", "+Inf")
+        return "".join(f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{e}",'
+                       f'model_name="m"}} {c}\n' for e, c in zip(edges, counts)) + (
+            f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} '
+            f'{counts[-1]}\nvllm:time_to_first_token_seconds_sum{{engine="0",'
+            f'model_name="m"}} {0.02 * counts[-1]}\n')
+    before, after = engine_metrics.parse(text([1, 1, 1, 1])), engine_metrics.parse(
+        text([3, 9, 11, 11]))
+    # 10 new: 2 under 10 ms, 6 more under 20 ms, 2 more under 100 ms
+    means = engine_metrics.means(before, after)
+    assert means["api_ttft_p50_s"] == pytest.approx(0.015)   # the 5th of 10: 3 of 6 in
+    assert means["api_ttft_p90_s"] == pytest.approx(0.06)    # the 9th: 1 of 2 in
+    assert means["api_ttft_s"] == pytest.approx(0.02)

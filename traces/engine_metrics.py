@@ -33,6 +33,8 @@ HISTOGRAMS = {
     "iteration_tokens_total": "tokens_per_step",
 }
 _LINE = re.compile(r"^vllm:(\w+?)_(sum|count)(?:\{[^}]*\})? ([-+0-9.eE]+|NaN|[+-]Inf)$")
+_BUCKET = re.compile(r'^vllm:time_to_first_token_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} '
+                     r'([-+0-9.eE]+)$')
 
 
 def parse(text: str) -> dict[str, float]:
@@ -44,7 +46,29 @@ def parse(text: str) -> dict[str, float]:
         if m and m.group(1) in HISTOGRAMS:
             key = f"{m.group(1)}_{m.group(2)}"
             out[key] = out.get(key, 0.0) + float(m.group(3))
+        b = _BUCKET.match(line)
+        if b:                   # the API server's TTFT histogram: its cumulative buckets
+            key = f"ttft_le_{b.group(1)}"
+            out[key] = out.get(key, 0.0) + float(b.group(2))
     return out
+
+
+def ttft_percentile(before: dict, after: dict, q: float) -> float | None:
+    """The API server's TTFT at quantile ``q`` (0..1) over what it observed between the two
+    scrapes, interpolated linearly inside its histogram's bucket (vLLM's TTFT buckets: 1, 5,
+    10, 20, 40, 60, 80, 100, 250 ms, ...); None when it observed nothing."""
+    edges = sorted((float(k[len("ttft_le_"):]), after[k] - before.get(k, 0.0))
+                   for k in after if k.startswith("ttft_le_"))
+    if not edges or edges[-1][1] <= 0:
+        return None
+    target, low, below = q * edges[-1][1], 0.0, 0.0
+    for edge, count in edges:
+        if count >= target and count > below:
+            if edge == float("inf"):
+                return low
+            return low + (edge - low) * (target - below) / (count - below)
+        low, below = edge, count
+    return low
 
 
 async def scrape(http, base_url: str) -> dict[str, float]:
@@ -81,6 +105,8 @@ def means(before: dict, after: dict) -> dict[str, float]:
             out[key] = (after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)) / n
             if name == "time_to_first_token_seconds":
                 out["num_requests"] = n
+                for q in (50, 90):
+                    out[f"api_ttft_p{q}_s"] = ttft_percentile(before, after, q / 100)
             elif name == "iteration_tokens_total":
                 out["num_steps"] = n
     return out

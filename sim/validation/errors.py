@@ -307,6 +307,7 @@ def format_views(views: dict) -> str:
              f"{ms(s.get('prefill_s'))}) TPOT {ms(s['tpot_s'])}"]
     if e:
         lines.append(f"  engine's own (vLLM /metrics): API server TTFT {ms(e.get('api_ttft_s'))}"
+                     f" (p50 {ms(e.get('api_ttft_p50_s'))}, p90 {ms(e.get('api_ttft_p90_s'))})"
                      f", queue {ms(e.get('queue_s'))}, prefill {ms(e.get('prefill_s'))}, TPOT "
                      f"{ms(e.get('tpot_s'))}, {e.get('tokens_per_step', math.nan):.3g} tokens "
                      f"per step over {e.get('num_steps', 0):.0f} steps")

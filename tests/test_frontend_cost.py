@@ -8,17 +8,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.engine.pools import frontend_waits
+from sim.engine.pools import frontend_arrivals
 from traces import engine_metrics
 
 COST, TTFT, TPOT, CONTEXT = 0.01, 0.03, 0.01, 256
 
 
 def test_a_front_end_serves_requests_one_at_a_time_in_arrival_order():
-    # 0 and 0 at once: the second waits the first's 1 s; 0.5 arrives while both are served
-    # (free at 2): waits 1.5; 10 arrives to an idle front end
-    assert frontend_waits([0.0, 0.0, 0.5, 10.0], 1.0) == pytest.approx([0.0, 1.0, 1.5, 0.0])
-    assert frontend_waits([0.0, 0.0], 0.0) == pytest.approx([0.0, 0.0])
+    # round trips of 1.5 s holding 1 s of the front end's work: 0 and 0 at once, the second
+    # waits the first's 1 s; 0.5 comes while both are served (free at 2.5); 10 to an idle one
+    assert frontend_arrivals([0.0, 0.0, 0.5, 10.0], [1.5] * 4, 1.0) == pytest.approx(
+        [1.5, 2.5, 3.5, 11.5])
+    # no cost: each its own round trip, but never seen before the one ahead of it (the 4 s
+    # stall of the first holds the second)
+    assert frontend_arrivals([0.0, 1.0, 9.0], [4.0, 0.5, 0.5], 0.0) == pytest.approx(
+        [4.0, 4.0, 9.5])
+    # a round trip shorter than the front end's work: a lone request waits that work
+    assert frontend_arrivals([0.0], [0.2], 1.0) == pytest.approx([1.0])
 
 
 METRICS = """# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase.

@@ -64,7 +64,7 @@ class ProfilePlan:
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     decode_prompts: tuple[int, ...] | None = None
     decode_tokens: int = 64
-    floor_repeats: int = 10
+    floor_repeats: int = 30
     decode_repeats: int = 3
     bursts: tuple[int, ...] = (8, 64)
     burst_repeats: int = 3
@@ -327,6 +327,19 @@ def _stats(values) -> tuple[float, float, float]:
     return tuple(float(np.percentile(v, q)) for q in (50, 10, 90))
 
 
+def floor_latencies(samples: dict[str, dict]) -> list[float]:
+    """Each floor request's TTFT less the engine's own time for it (without ``/metrics``:
+    less the decode step of one sequence), never below 0; empty until both are measured."""
+    floor = [s for s in samples.values() if s["kind"] == "floor"]
+    lone = sorted((s for s in samples.values() if s["kind"] == "decode" and s["batch"] == 1),
+                  key=lambda s: s["context_per_request"])
+    if not floor or not lone:
+        return []
+    engine = floor[0].get("engine_seconds") or _stats(
+        lone[0].get("engine_seconds") or lone[0]["seconds"])[0]
+    return [max(0.0, float(x)) for x in np.subtract(floor[0]["seconds"], engine)]
+
+
 def derive(samples: dict[str, dict]) -> tuple[float | None, list, list]:
     """(API latency, prefill.csv rows, decode.csv rows) from the samples measured so far.
     The latency needs the floor and a decode point of one sequence; prefill rows need it."""
@@ -339,11 +352,7 @@ def derive(samples: dict[str, dict]) -> tuple[float | None, list, list]:
     lone = [s for s in decode if s["batch"] == 1]
     if not floor or not lone:
         return None, [], rows
-    if "engine_seconds" in floor[0]:     # the engine's own first step, request by request
-        latency = max(0.0, _stats(np.subtract(floor[0]["seconds"],
-                                              floor[0]["engine_seconds"]))[0])
-    else:
-        latency = max(0.0, _stats(floor[0]["seconds"])[0] - rows[0][3])
+    latency = _stats(floor_latencies(samples))[0]
     prefill = []
     for s in sorted((s for s in samples.values() if s["kind"] == "prefill"),
                     key=lambda s: s["prompt"]):
@@ -362,6 +371,7 @@ def write_profile(out: Path, head: dict, samples: dict[str, dict], complete: boo
     doc = {k: dict(v) for k, v in head.items()}
     doc["meta"]["complete"] = complete and latency is not None
     doc["serving"]["api_latency_s"] = latency
+    doc["serving"]["api_latency_samples_s"] = floor_latencies(samples) or None
     from traces.endpoint_costs import churn_cost, frontend_cost
 
     cost = frontend_cost(samples)

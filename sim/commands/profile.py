@@ -43,7 +43,7 @@ def run(args) -> int:
 
     plan = ep.ProfilePlan(repeats=2 if args.quick else args.repeats,
                           batches=(1, 4, 16) if args.quick else _ints(args.batches),
-                          decode_tokens=args.decode_tokens, floor_repeats=4 if args.quick else 10,
+                          decode_tokens=args.decode_tokens, floor_repeats=8 if args.quick else 30,
                           decode_repeats=1 if args.quick else 3)
     low, _, high = args.prompt_token_ids.partition(":")
     try:

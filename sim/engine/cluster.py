@@ -294,13 +294,16 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
     inst = config.cluster.aggregated
     m = measured_parts(config)          # an engine measured from outside (hawk profile)
-    if m is not None and (m.api_latency_s or m.frontend_request_s) and stream is not None:
+    if m is not None and m.api_latency_s and stream is not None:
         raise ConfigError(f"cluster.profile {m.profile.path}: a streamed run cannot add the "
                           f"profile's API latency to its records; run it without streaming")
-    arrived = trace          # the engine sees each request after its front end's queue
-    if m is not None and m.frontend_request_s:
-        waits = pools.frontend_waits(trace.arrival_at, m.frontend_request_s)
-        trace = dataclasses.replace(trace, arrival_at=trace.arrival_at + waits)
+    arrived, delay = trace, (m.api_latency_s if m is not None else 0.0)
+    if m is not None and (m.frontend_request_s or m.profile.serving["api_latency_samples_s"]):
+        # each request's own round trip, then the front end's queue: when the engine sees it
+        trace = dataclasses.replace(trace, arrival_at=pools.frontend_arrivals(
+            trace.arrival_at, m.request_latencies(len(trace), config.seed),
+            m.frontend_request_s))
+        delay = 0.0
     wall = time.perf_counter()
     env = simpy.Environment()
     if stream is None:
@@ -326,8 +329,8 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         if stream is not None:
             ledger.close(exc)
         raise
-    if m is not None and m.api_latency_s:
-        pools.delay_outputs(ledger, m.api_latency_s)
+    if delay:
+        pools.delay_outputs(ledger, delay)
     if arrived is not trace:             # the records keep the requests' own arrivals
         ledger.trace, ledger.arrival_at = arrived, arrived.arrival_at.tolist()
     records, summary = pools.records_and_summary(config, ledger, until, stream is not None)

@@ -107,8 +107,20 @@ class MeasuredParts:
         """Seconds the engine's front end (its API server, and the client on the same host)
         spends on each request before the engine sees it, one request at a time ([serving]
         frontend_request_s of ``hawk profile --endpoint``; 0 when not measured): requests
-        arriving faster than that queue there (``sim.engine.pools.frontend_waits``)."""
+        arriving faster than that queue there (``sim.engine.pools.frontend_arrivals``)."""
         return self.profile.serving.get("frontend_request_s", 0.0)
+
+    def request_latencies(self, n: int, seed: int):
+        """Each of ``n`` requests' round trip beside the engine: drawn (seeded by ``seed``)
+        from the floor's measured ones ([serving] api_latency_samples_s, one per floor
+        request), so a stall the floor met now and then meets the requests as often; the
+        constant ``api_latency_s`` when the profile has no samples."""
+        import numpy as np
+
+        samples = self.profile.serving["api_latency_samples_s"]
+        if not samples:
+            return np.full(n, self.api_latency_s)
+        return np.random.default_rng(seed).choice(np.asarray(samples, dtype=float), size=n)
 
     @property
     def request_overhead_s(self) -> float:

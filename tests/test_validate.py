@@ -355,6 +355,10 @@ def test_decode_step_ratios_price_the_batch_summed_and_padded_to_its_longest():
     assert ratios["summed"] == pytest.approx(0.1 / np.mean(1e-3 * (100 + 2 * grown)))
     assert ratios["padded"] == pytest.approx(0.1 / np.mean(1e-3 * 2 * (90 + grown)))
     assert ratios["padded"] < ratios["summed"]      # padding costs more than the sum
+    # a stream whose tokens all came in one burst (first token = finish) is left out
+    frame.loc[1, "finished_at"] = frame.loc[1, "first_token_at"]
+    ratios = val.decode_step_ratios(frame, lambda batch, context: 0.05 * batch)
+    assert ratios["summed"] == pytest.approx(2.0)    # the other decoded alone: 0.1 / 0.05
 
 
 def test_prefill_batch_ratios_price_each_batch_summed_and_padded_to_its_longest():

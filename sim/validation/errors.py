@@ -219,7 +219,8 @@ def decode_step_ratios(frame, step_time, samples: int = 16) -> dict:
     made = frame["num_generated_tokens"].to_numpy(dtype=float)[ok]
     prompt = frame["num_prompt_tokens"].to_numpy(dtype=float)[ok]
     ratios = {"summed": [], "padded": []}
-    for i in np.flatnonzero(made >= 3):
+    # a stream whose tokens all came at once has no decode span to sample (nor a step)
+    for i in np.flatnonzero((made >= 3) & (done > first)):
         tpot = (done[i] - first[i]) / (made[i] - 1)
         steps = {"summed": [], "padded": []}
         for t in np.linspace(first[i], done[i], samples, endpoint=False):

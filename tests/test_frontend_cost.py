@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.engine.pools import frontend_arrivals
+from sim.engine.frontend import arrivals_seen, serve
 from traces import engine_metrics
 
 COST, TTFT, TPOT, CONTEXT = 0.01, 0.03, 0.01, 256
@@ -17,14 +17,30 @@ COST, TTFT, TPOT, CONTEXT = 0.01, 0.03, 0.01, 256
 def test_a_front_end_serves_requests_one_at_a_time_in_arrival_order():
     # round trips of 1.5 s holding 1 s of the front end's work: 0 and 0 at once, the second
     # waits the first's 1 s; 0.5 comes while both are served (free at 2.5); 10 to an idle one
-    assert frontend_arrivals([0.0, 0.0, 0.5, 10.0], [1.5] * 4, 1.0) == pytest.approx(
+    assert arrivals_seen([0.0, 0.0, 0.5, 10.0], [1.5] * 4, 1.0) == pytest.approx(
         [1.5, 2.5, 3.5, 11.5])
     # no cost: each its own round trip, but never seen before the one ahead of it (the 4 s
     # stall of the first holds the second)
-    assert frontend_arrivals([0.0, 1.0, 9.0], [4.0, 0.5, 0.5], 0.0) == pytest.approx(
+    assert arrivals_seen([0.0, 1.0, 9.0], [4.0, 0.5, 0.5], 0.0) == pytest.approx(
         [4.0, 4.0, 9.5])
     # a round trip shorter than the front end's work: a lone request waits that work
-    assert frontend_arrivals([0.0], [0.2], 1.0) == pytest.approx([1.0])
+    assert arrivals_seen([0.0], [0.2], 1.0) == pytest.approx([1.0])
+
+
+def test_streamed_tokens_and_admissions_share_the_front_end():
+    # two requests, round trips 0.1 s holding 0.05 s of admission; the first's 3 tokens come
+    # at 1.0, 1.1, 1.2 and cost 0.08 s each to stream; the second arrives at 1.0
+    seen, first_wait, last_wait = serve([0.0, 1.0], [0.1, 0.1], 0.05, 0.08,
+                                        [1.0, np.nan], [1.2, np.nan], [3, 2])
+    # admission of the second is ready at 1.05, behind the first token (1.0 to 1.08)
+    assert seen == pytest.approx([0.1, 1.08 + 0.05])
+    # the first token waits nothing, the second (ready 1.1) waits for that admission (to
+    # 1.13), so the third (ready 1.2) waits until 1.21: 0.01 s; the second request made none
+    assert first_wait[0] == pytest.approx(0.0) and last_wait[0] == pytest.approx(0.01)
+    assert np.isnan(first_wait[1]) and np.isnan(last_wait[1])
+    # alone, nothing waits: the round trip holds one admission and one token
+    seen, first_wait, last_wait = serve([0.0], [0.1], 0.05, 0.08, [0.5], [0.9], [5])
+    assert seen == pytest.approx([0.1]) and first_wait[0] == last_wait[0] == 0.0
 
 
 METRICS = """# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase.
@@ -193,3 +209,19 @@ def test_the_api_servers_ttft_percentiles_come_from_its_histograms_buckets():
     assert means["api_ttft_p50_s"] == pytest.approx(0.015)   # the 5th of 10: 3 of 6 in
     assert means["api_ttft_p90_s"] == pytest.approx(0.06)    # the 9th: 1 of 2 in
     assert means["api_ttft_s"] == pytest.approx(0.02)
+
+
+def test_the_cpu_per_streamed_token_is_what_decode_runs_spend_beyond_their_admissions():
+    from traces.endpoint_costs import frontend_token_cost
+
+    # 64 one-token requests cost 0.128 s of the API server's CPU: 2 ms each; 8 requests of
+    # 33 tokens cost 0.016 s for their admissions and 8 x 32 x 0.5 ms for their other tokens
+    samples = {"burst:1:64:1": {"kind": "burst", "batch": 64, "max_tokens": 1,
+                                "api_cpu_seconds": [0.128, 0.13, 0.126]},
+               "burst:1:8:1": {"kind": "burst", "batch": 8, "max_tokens": 1,
+                               "api_cpu_seconds": [0.05]},
+               "decode:64:8:33": {"kind": "decode", "batch": 8, "max_tokens": 33,
+                                  "api_cpu_seconds": [0.016 + 8 * 32 * 5e-4] * 3}}
+    assert frontend_token_cost(samples) == pytest.approx(5e-4)
+    del samples["decode:64:8:33"]["api_cpu_seconds"]
+    assert frontend_token_cost(samples) is None             # no /metrics: not measured

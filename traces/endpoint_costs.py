@@ -85,6 +85,23 @@ def frontend_cost(samples: dict[str, dict]) -> float | None:
     return max(0.0, float(np.polyfit(k, t, 1)[0]))
 
 
+def frontend_token_cost(samples: dict[str, dict]) -> float | None:
+    """Seconds of the API server's CPU per streamed token: per decode run, its CPU less the
+    bursts' CPU per one-token request for each of its N requests, over the N x (T - 1)
+    tokens after their first; the median over the runs (never below 0). None without the
+    CPU readings (an endpoint without vLLM's ``/metrics``)."""
+    bursts = [s for s in samples.values() if s["kind"] == "burst" and "api_cpu_seconds" in s]
+    runs = [(s, cpu) for s in samples.values() if s["kind"] == "decode"
+            for cpu in s.get("api_cpu_seconds", []) if s["max_tokens"] > 1]
+    if not bursts or not runs:
+        return None
+    widest = max(bursts, key=lambda s: s["batch"])
+    per_request = float(np.median(widest["api_cpu_seconds"])) / widest["batch"]
+    each = [(cpu - s["batch"] * per_request) / (s["batch"] * (s["max_tokens"] - 1))
+            for s, cpu in runs]
+    return max(0.0, float(np.median(each)))
+
+
 def churn_cost(samples: dict[str, dict]) -> dict | None:
     """``[serving]`` keys of the churn point: ``request_churn_s``, the median over its runs of
     ``(1 - s0 / s1) / r`` (seconds a request's coming and going adds to the others' steps,

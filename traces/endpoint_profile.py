@@ -223,34 +223,41 @@ async def _measure(endpoint, engine, points, token_ids, done) -> None:
                              "seconds": [b for _, b, _ in runs], "rates": [r for _, _, r in runs]})
                 continue
             if point.kind == "decode":
-                runs, engine_s = [], []
+                runs, seen = [], []
                 for _ in range(point.repeats):
                     before = await engine_metrics.scrape(http, base)
                     runs.append(_decode_run(point, await _run(
                         http, config, prompts, counter, point.prompt, point.batch,
                         point.max_tokens)))
-                    engine_s.append(engine_metrics.means(
-                        before, await engine_metrics.scrape(http, base)).get("itl_s"))
+                    seen.append(engine_metrics.means(
+                        before, await engine_metrics.scrape(http, base)))
                 sample = {"key": point.key, **dataclasses.asdict(point),
                           "seconds": [step for step, _ in runs],
                           "context_per_request": float(np.median([c for _, c in runs]))}
-                if all(e is not None for e in engine_s):
-                    sample["engine_seconds"] = engine_s
+                _engine_view(sample, seen, "itl_s")
                 done(point, sample)
                 continue
-            seconds, engine_s = [], []
+            seconds, seen = [], []
             for _ in range(point.repeats):
                 before = await engine_metrics.scrape(http, base)
                 states = await _run(http, config, prompts, counter, point.prompt,
                                     point.batch, 1)
                 # sent at 0: a lone request's TTFT, a burst's last answer
                 seconds.append(max(s.token_at[-1] for s in states))
-                engine_s.append(engine_metrics.means(
-                    before, await engine_metrics.scrape(http, base)).get("prefill_s"))
+                seen.append(engine_metrics.means(before, await engine_metrics.scrape(
+                    http, base)))
             sample = {"key": point.key, **dataclasses.asdict(point), "seconds": seconds}
-            if point.kind != "burst" and all(e is not None for e in engine_s):
-                sample["engine_seconds"] = engine_s
+            _engine_view(sample, seen, None if point.kind == "burst" else "prefill_s")
             done(point, sample)
+
+
+def _engine_view(sample: dict, seen: list[dict], key: str | None) -> None:
+    """Into ``sample``, from each run's ``/metrics`` means: ``engine_seconds`` (the engine's
+    own ``key``) and ``api_cpu_seconds`` (the API server's CPU), where every run has them."""
+    for name, field in (("engine_seconds", key), ("api_cpu_seconds", "api_cpu_s")):
+        values = [m.get(field) for m in seen] if field else [None]
+        if all(v is not None for v in values):
+            sample[name] = values
 
 
 async def _run(http, config, prompts, counter, prompt: int, batch: int, max_tokens: int):
@@ -372,11 +379,12 @@ def write_profile(out: Path, head: dict, samples: dict[str, dict], complete: boo
     doc["meta"]["complete"] = complete and latency is not None
     doc["serving"]["api_latency_s"] = latency
     doc["serving"]["api_latency_samples_s"] = floor_latencies(samples) or None
-    from traces.endpoint_costs import churn_cost, frontend_cost
+    from traces.endpoint_costs import churn_cost, frontend_cost, frontend_token_cost
 
     cost = frontend_cost(samples)
     if cost is not None:
         doc["serving"]["frontend_request_s"] = cost
+    doc["serving"]["frontend_token_s"] = frontend_token_cost(samples)
     doc["serving"].update(churn_cost(samples) or {})
     for name, rows in (("prefill", prefill), ("decode", decode)):
         text = ",".join(KEYS[name] + STATS) + "\n" + "".join(

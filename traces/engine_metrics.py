@@ -46,6 +46,8 @@ def parse(text: str) -> dict[str, float]:
         if m and m.group(1) in HISTOGRAMS:
             key = f"{m.group(1)}_{m.group(2)}"
             out[key] = out.get(key, 0.0) + float(m.group(3))
+        if line.startswith("process_cpu_seconds_total "):   # the API server's process
+            out["process_cpu_seconds_total"] = float(line.split()[1])
         b = _BUCKET.match(line)
         if b:                   # the API server's TTFT histogram: its cumulative buckets
             key = f"ttft_le_{b.group(1)}"
@@ -95,10 +97,15 @@ def scrape_sync(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
 def means(before: dict, after: dict) -> dict[str, float]:
     """Per histogram of ``HISTOGRAMS``, its mean over what was observed between the two
     scrapes (key ``HISTOGRAMS[name]``), and ``num_requests`` / ``num_steps`` (the TTFT and
-    step-token counts). Histograms that saw nothing are left out; ``{}`` if a scrape is."""
+    step-token counts), and ``api_cpu_s``, the CPU seconds the API server's process used
+    between them (its ``process_cpu_seconds_total``; a total, not a mean). Histograms that saw
+    nothing are left out; ``{}`` if a scrape is."""
     if not before or not after:
         return {}
     out: dict[str, float] = {}
+    if "process_cpu_seconds_total" in before and "process_cpu_seconds_total" in after:
+        out["api_cpu_s"] = (after["process_cpu_seconds_total"]
+                            - before["process_cpu_seconds_total"])
     for name, key in HISTOGRAMS.items():
         n = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
         if n > 0:

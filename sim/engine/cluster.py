@@ -286,25 +286,9 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                      aggregate=None if stream is None else ledger.aggregate)
 
 
-def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) -> RunResult:
-    """``simulate`` for ``kind = "aggregated"``: the same records and summary keys
-    (``sim.engine.pools``); ``predictors`` = (predictor, ...) replaces the roofline."""
-    if stream is None:
-        trace = trace if trace is not None else workload_trace(config)
-        check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
+def _run_aggregated(config: RunConfig, trace, until, stream, predictor, m):
+    """One run of the aggregated pool on ``trace``: (env, ledger, pool)."""
     inst = config.cluster.aggregated
-    m = measured_parts(config)          # an engine measured from outside (hawk profile)
-    if m is not None and m.api_latency_s and stream is not None:
-        raise ConfigError(f"cluster.profile {m.profile.path}: a streamed run cannot add the "
-                          f"profile's API latency to its records; run it without streaming")
-    arrived, delay = trace, (m.api_latency_s if m is not None else 0.0)
-    if m is not None and (m.frontend_request_s or m.profile.serving["api_latency_samples_s"]):
-        # each request's own round trip, then the front end's queue: when the engine sees it
-        trace = dataclasses.replace(trace, arrival_at=pools.frontend_arrivals(
-            trace.arrival_at, m.request_latencies(len(trace), config.seed),
-            m.frontend_request_s))
-        delay = 0.0
-    wall = time.perf_counter()
     env = simpy.Environment()
     if stream is None:
         ledger = Ledger(trace)
@@ -312,12 +296,6 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         from sim.engine.stream import open_ledger
 
         ledger = open_ledger(config, trace, stream, until, False)
-    predictor = predictors[0] if predictors else (
-        m.predictor if m is not None else make_predictor(config, inst))
-    if not predictors and m is not None and m.request_overhead_s:
-        from sim.engine.measured import ChurnPriced
-
-        predictor = ChurnPriced(predictor, m.request_overhead_s)
     pool = pools.aggregated_pool(env, config, ledger, predictor, m.decode_blocks if m is not None
                                  else kv_capacity_blocks(config, inst),
                                  trace if stream is None else None)
@@ -329,10 +307,39 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         if stream is not None:
             ledger.close(exc)
         raise
-    if delay:
-        pools.delay_outputs(ledger, delay)
-    if arrived is not trace:             # the records keep the requests' own arrivals
-        ledger.trace, ledger.arrival_at = arrived, arrived.arrival_at.tolist()
+    return env, ledger, pool
+
+
+def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) -> RunResult:
+    """``simulate`` for ``kind = "aggregated"``: the same records and summary keys
+    (``sim.engine.pools``); ``predictors`` = (predictor, ...) replaces the roofline."""
+    if stream is None:
+        trace = trace if trace is not None else workload_trace(config)
+        check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
+    inst = config.cluster.aggregated
+    m = measured_parts(config)          # an engine measured from outside (hawk profile)
+    if m is not None and m.api_latency_s and stream is not None:
+        raise ConfigError(f"cluster.profile {m.profile.path}: a streamed run cannot add the "
+                          f"profile's API latency to its records; run it without streaming")
+    predictor = predictors[0] if predictors else (
+        m.predictor if m is not None else make_predictor(config, inst))
+    if not predictors and m is not None and m.request_overhead_s:
+        from sim.engine.measured import ChurnPriced
+
+        predictor = ChurnPriced(predictor, m.request_overhead_s)
+    wall = time.perf_counter()
+
+    def run(arrival_at=None):
+        return _run_aggregated(config, trace if arrival_at is None else dataclasses.replace(
+            trace, arrival_at=arrival_at), until, stream, predictor, m)
+    if m is not None and m.has_front_end:
+        from sim.engine.frontend import through_front_end
+
+        env, ledger, pool = through_front_end(run, trace, m, config.seed)
+    else:
+        env, ledger, pool = run()
+        if m is not None and m.api_latency_s:
+            pools.delay_outputs(ledger, m.api_latency_s)
     records, summary = pools.records_and_summary(config, ledger, until, stream is not None)
     summary["sim_wall_time_s"] = time.perf_counter() - wall
     summary["simulated_time_s"] = span = float(env.now)

@@ -110,6 +110,19 @@ class MeasuredParts:
         arriving faster than that queue there (``sim.engine.pools.frontend_arrivals``)."""
         return self.profile.serving.get("frontend_request_s", 0.0)
 
+    @property
+    def frontend_token_s(self) -> float:
+        """Seconds the front end spends streaming each token ([serving] frontend_token_s:
+        the API server's CPU per token over the decode points; 0 when not measured)."""
+        return self.profile.serving.get("frontend_token_s", 0.0)
+
+    @property
+    def has_front_end(self) -> bool:
+        """Whether the profile measured more of the front end than a constant latency."""
+        s = self.profile.serving
+        return bool(s.get("frontend_request_s") or s.get("frontend_token_s")
+                    or s.get("api_latency_samples_s"))
+
     def request_latencies(self, n: int, seed: int):
         """Each of ``n`` requests' round trip beside the engine: drawn (seeded by ``seed``)
         from the floor's measured ones ([serving] api_latency_samples_s, one per floor

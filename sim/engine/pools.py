@@ -130,22 +130,6 @@ def delay_outputs(ledger, delay_s: float) -> None:
             column[i] = value + delay_s          # NaN (never reached) stays NaN
 
 
-def frontend_arrivals(arrivals, latencies, cost_s: float):
-    """When the engine sees each request: ``latencies`` after its arrival (the API server's
-    and the client's round trip, which holds its front end's work of ``cost_s``), through a
-    front end that serves one request at a time in arrival order, so a request waits while
-    the one before it is served (and one stalled delays those behind it). A lone request is
-    seen ``max(latency, cost_s)`` after it arrives."""
-    import numpy as np
-
-    arrivals = np.asarray(arrivals, dtype=float)
-    seen = np.empty_like(arrivals)
-    free_at = -math.inf
-    for i, (a, latency) in enumerate(zip(arrivals, latencies)):
-        seen[i] = free_at = max(a + max(latency - cost_s, 0.0), free_at) + cost_s
-    return seen
-
-
 def beside_pd(env, config: RunConfig, ledger, prefills: list, decodes: list,
               max_context: int, predictor, blocks: int) -> list[AggregatedInstance]:
     """``kind = "both"``: the aggregated pool and the router over it and the P/D pool.

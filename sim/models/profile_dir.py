@@ -274,6 +274,7 @@ def _model_and_serving(doc: dict, where: str):
     serving["engine"] = engine
     serving["api_latency_s"] = _seconds(s, "api_latency_s", where)
     serving["frontend_request_s"] = _seconds(s, "frontend_request_s", where)
+    serving["frontend_token_s"] = _seconds(s, "frontend_token_s", where)
     samples = s.get("api_latency_samples_s", [])
     if not isinstance(samples, list) or any(
             isinstance(x, bool) or not isinstance(x, (int, float)) or not (

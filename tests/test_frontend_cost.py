@@ -38,6 +38,9 @@ def test_streamed_tokens_and_admissions_share_the_front_end():
     # 1.13), so the third (ready 1.2) waits until 1.21: 0.01 s; the second request made none
     assert first_wait[0] == pytest.approx(0.0) and last_wait[0] == pytest.approx(0.01)
     assert np.isnan(first_wait[1]) and np.isnan(last_wait[1])
+    # admitted in arrival order: a long round trip holds the one behind it
+    seen, _, _ = serve([0.0, 0.1], [1.0, 0.1], 0.05, 0.0, [np.nan] * 2, [np.nan] * 2, [1, 1])
+    assert seen == pytest.approx([1.0, 1.05])
     # alone, nothing waits: the round trip holds one admission and one token
     seen, first_wait, last_wait = serve([0.0], [0.1], 0.05, 0.08, [0.5], [0.9], [5])
     assert seen == pytest.approx([0.1]) and first_wait[0] == last_wait[0] == 0.0

@@ -45,7 +45,9 @@ def serve(arrivals, latencies, cost_s: float, token_s: float, first_token_at, fi
     last token waited for the front end (NaN without tokens)."""
     arrivals = np.asarray(arrivals, dtype=float)
     n = len(arrivals)
-    ready = [arrivals + np.maximum(np.asarray(latencies, dtype=float) - cost_s, 0.0)]
+    # admissions in arrival order (as ``arrivals_seen``: one stalled holds those behind it)
+    ready = [np.maximum.accumulate(
+        arrivals + np.maximum(np.asarray(latencies, dtype=float) - cost_s, 0.0))]
     kind, owner, index = [np.zeros(n, dtype=np.int8)], [np.arange(n)], [np.zeros(n, int)]
     first = np.asarray(first_token_at, dtype=float)
     last = np.asarray(finished_at, dtype=float)

@@ -46,6 +46,9 @@ def test_the_profile_recovers_the_stub_engines_delays(measured):
     assert 0.5 * (TTFT - TPOT) < latency < 1.5 * (TTFT - TPOT)
     ttft = latency + p.prefill[:, 2]                   # a lone prompt's TTFT at every length
     assert ttft.min() > 0.8 * TTFT and ttft.max() < 1.5 * TTFT
+    # the stub's steps never slow for requests coming and going, nor does it queue them
+    assert p.serving["request_churn_s"] < 0.2 * TPOT
+    assert p.serving["frontend_request_s"] < 0.2 * TTFT
 
 
 def test_the_simulator_serves_a_lone_request_as_the_stub(measured):
@@ -67,7 +70,12 @@ def test_the_simulator_serves_a_lone_request_as_the_stub(measured):
     assert np.all((ttft > 0.8 * TTFT) & (ttft < 1.5 * TTFT))
     assert np.all((tpot > 0.7 * TPOT) & (tpot < 1.5 * TPOT))
     waited = (records["prefill_start_at"] - records["arrival_at"]).to_numpy()
-    assert waited == pytest.approx([result.summary["profile"]["api_latency_s"]] * 2)
+    # each one's round trip is one the floor measured (or the front end's work, if longer)
+    from sim.models.profile_dir import load_profile_dir
+
+    serving = load_profile_dir(measured).serving
+    seen = [max(x, serving["frontend_request_s"]) for x in serving["api_latency_samples_s"]]
+    assert len(seen) == 8 and all(np.isclose(w, seen).any() for w in waited)
 
 
 def test_a_rerun_resumes_and_measures_only_what_is_missing(tmp_path, capsys):
@@ -115,6 +123,13 @@ def test_validate_against_the_endpoint_pairs_every_request(measured, tmp_path):
     assert set(real["status"]) == {"ok"} and set(sim["status"]) == {"ok"}
     assert (tmp_path / "v" / load["name"] / "paired.parquet").is_file()
     assert (tmp_path / "v" / load["name"] / "real" / "records.parquet").is_file()
+    # means three ways: the stub has no /metrics, so the engine's own view is unknown
+    views = load["views"]
+    assert views["engine"] == {} and views["client"]["ttft_s"] > 0.8 * TTFT
+    assert views["sim"]["ttft_s"] > 0.8 * TTFT and views["client"]["send_lag_s"] is not None
+    from sim.validation.errors import format_result
+
+    assert "means, ms: client TTFT" in format_result(result)
 
 
 def test_validate_refuses_an_endpoint_profile_without_an_endpoint(measured):

@@ -255,6 +255,22 @@ def test_validate_finds_the_knee_runs_both_sides_and_writes_the_paired_records(t
     assert "simulated knee" in val.format_result(result)
 
 
+def test_default_slos_fit_a_longest_request_that_fills_the_context_with_one_token(tmp_path):
+    # fitted to the context, the longest prompt asks 511 + 1 = 512 tokens: its lone run for
+    # the SLOs asks two output tokens (TPOT), and still fits the 512-token context
+    profile = make_profile(tmp_path / "prof")
+    trace = Trace.from_columns([0.0, 1.0, 2.0], [1022, 100, 300], [2, 50, 10], name="full")
+    from hardware.serve.run import fit_to_context
+
+    fitted, scale = fit_to_context(trace, 512)
+    assert int(fitted.num_prompt_tokens[0] + fitted.num_output_tokens[0]) == 512
+    assert int(fitted.num_output_tokens[0]) == 1
+    requests = vr.Requests(fitted, 1.0, scale, "test")
+    simulate = (lambda t, ttft, tpot: vr.simulate_on_profile(profile, t, "GN-HAWK", ttft, tpot))
+    ttft, tpot = vr.default_slos(simulate, requests)
+    assert ttft > 0 and tpot > 0
+
+
 def test_rates_in_requests_per_second_skip_the_knee_and_bad_loads_are_named(tmp_path):
     profile = make_profile(tmp_path / "prof")
     requests = vr.load_requests(None, "chatbot", 10, 512)
@@ -340,6 +356,10 @@ def test_decode_step_ratios_price_the_batch_summed_and_padded_to_its_longest():
     assert ratios["summed"] == pytest.approx(0.1 / np.mean(1e-3 * (100 + 2 * grown)))
     assert ratios["padded"] == pytest.approx(0.1 / np.mean(1e-3 * 2 * (90 + grown)))
     assert ratios["padded"] < ratios["summed"]      # padding costs more than the sum
+    # a stream whose tokens all came in one burst (first token = finish) is left out
+    frame.loc[1, "finished_at"] = frame.loc[1, "first_token_at"]
+    ratios = val.decode_step_ratios(frame, lambda batch, context: 0.05 * batch)
+    assert ratios["summed"] == pytest.approx(2.0)    # the other decoded alone: 0.1 / 0.05
 
 
 def test_prefill_batch_ratios_price_each_batch_summed_and_padded_to_its_longest():

@@ -38,5 +38,6 @@ def test_the_loop_profiles_and_validates_a_real_vllm(tmp_path):
         table = (tmp_path / f"validate-{name}.txt").read_text()
         assert "light load" in table and "knee load" in table and "ttft_p50_s" in table
         assert (tmp_path / f"validate-{name}" / "validate.json").is_file()
-    leftover = subprocess.run(["pgrep", "-f", f"--port {env['PORT']}"], capture_output=True)
+    leftover = subprocess.run(["pgrep", "-f", "--", f"--port {env['PORT']}"],
+                              capture_output=True)
     assert leftover.returncode == 1                  # the server is gone

@@ -14,6 +14,16 @@ rerun into the same directory skips the points it holds: the profile is resumabl
   median over the N; repeated, a run whose stream came in bursts is outvoted). The step's
   context per request is L plus the tokens made by the middle of that window.
 - ``prefill``: a lone request of L prompt tokens and ``max_tokens`` 1, repeated: its TTFT.
+- ``burst``: K one-token requests sent at once, repeated: the time until the last answer;
+  its slope in K is the front end's cost per request. ``churn``: N decoding requests alone
+  and with one-token ones coming and going, alternated (both: ``traces.endpoint_costs``).
+
+Where the engine has vLLM's ``/metrics`` (``traces.engine_metrics``), every run is read there
+too (``engine_seconds``): a floor or prefill request's engine-core time from scheduling it to
+its first token, a decode run's mean gap between a request's steps by the engine's clock
+(ramp-up steps included; a stalled stream cannot shorten it). The API latency is then the
+floor's TTFT less the engine's time, request by request, and prefill.csv and decode.csv hold
+the engine's times; without ``/metrics``, the rules below.
 
 The engine's settings (``engine_settings``): ``/v1/models`` (the model and ``max_model_len``),
 vLLM's ``/metrics`` ``vllm:cache_config_info`` (``block_size``, ``kv_cache_size_tokens``);
@@ -21,18 +31,15 @@ the scheduler's limits as the caller passes them (vLLM V1 on a CPU: ``max_num_se
 ``max_num_batched_tokens`` 2048, ``vllm/engine/arg_utils.py`` ``get_batch_defaults``).
 
 Derived tables (``hardware.serve.profile_files``'s format, ``sim.models.profile_dir`` reads
-them): the API latency is the floor's TTFT less one decode step of one sequence (the
-engine's step of a one-token prompt); prefill.csv holds each length's TTFT less that latency
-(an engine step of that prompt), decode.csv each point's step. ``[serving] engine =
-"aggregated"`` and ``api_latency_s`` tell the simulator to serve both phases in one instance
-and to add the API latency to every request's first token and finish.
+them) without ``/metrics``: the API latency is the floor's TTFT less one decode step of one
+sequence, prefill.csv each length's TTFT less that, decode.csv each point's step. ``[serving]
+engine = "aggregated"``: the simulator serves both phases in one instance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,11 +64,17 @@ class ProfilePlan:
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     decode_prompts: tuple[int, ...] | None = None
     decode_tokens: int = 64
-    floor_repeats: int = 10
+    floor_repeats: int = 30
     decode_repeats: int = 3
+    bursts: tuple[int, ...] = (8, 64)
+    burst_repeats: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("repeats", "decode_tokens", "floor_repeats", "decode_repeats"):
+        if len(set(self.bursts)) < 2 or min(self.bursts) < 1:
+            raise ValueError(f"profile plan: bursts {self.bursts} must be two or more sizes "
+                             f">= 1 (the cost per request is their slope)")
+        for name in ("repeats", "decode_tokens", "floor_repeats", "decode_repeats",
+                     "burst_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"profile plan: {name} = {getattr(self, name)} must be >= 1")
         if not self.batches or min(self.batches) < 1:
@@ -115,6 +128,11 @@ def plan_points(plan: ProfilePlan, engine: EngineSettings) -> list[Point]:
     out += [Point("decode", p, b, min(tokens, context - p), plan.decode_repeats)
             for b in batches for p in prompts]
     out += [Point("prefill", n, 1, 1, plan.repeats) for n in lengths]
+    out += [Point("burst", 1, k, 1, plan.burst_repeats) for k in sorted(set(plan.bursts))]
+    churn = min(b for b in batches if b >= min(8, max(batches)))
+    prompt = prompts[1] if len(prompts) > 1 else prompts[0]
+    out.append(Point("churn", prompt, churn, max(1, min(2 * tokens, context - prompt - 1)),
+                     plan.decode_repeats))
     return out
 
 
@@ -177,32 +195,69 @@ def measure(endpoint: str, engine: EngineSettings, points: list[Point], token_id
 async def _measure(endpoint, engine, points, token_ids, done) -> None:
     import aiohttp
 
+    from traces import engine_metrics
     from traces.prompts import PromptMaker, PromptSpec
     from traces.replay import ReplayConfig
 
     spec = PromptSpec(kind="token_ids", token_id_low=token_ids[0], token_id_high=token_ids[1],
                       seed=len(points))
     config = ReplayConfig(endpoint, model=engine.model, start_delay_s=0.0)
+    base = config.models_url.removesuffix("/v1/models")
     prompts = PromptMaker(spec, engine.max_model_len)
     counter = iter(range(10**9))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=None)) as http:
         await _run(http, config, prompts, counter, 1, 1, 1)          # warm-up
         for point in points:
-            if point.kind == "decode":
-                runs = [_decode_run(point, await _run(http, config, prompts, counter,
-                                                      point.prompt, point.batch,
-                                                      point.max_tokens))
+            if point.kind == "churn":
+                from traces.endpoint_costs import churn_pair
+
+                runs = [await churn_pair(
+                    http, config, prompts, counter, point.prompt, point.batch,
+                    point.max_tokens, error=EndpointProfileError,
+                    run=lambda *a: _run(http, config, prompts, counter, *a),
+                    step_of=lambda states: _decode_run(point, states)[0])
                         for _ in range(point.repeats)]
                 done(point, {"key": point.key, **dataclasses.asdict(point),
-                             "seconds": [step for step, _ in runs],
-                             "context_per_request": float(np.median([c for _, c in runs]))})
+                             "baseline_seconds": [a for a, _, _ in runs],
+                             "seconds": [b for _, b, _ in runs], "rates": [r for _, _, r in runs]})
                 continue
-            seconds = []
+            if point.kind == "decode":
+                runs, seen = [], []
+                for _ in range(point.repeats):
+                    before = await engine_metrics.scrape(http, base)
+                    runs.append(_decode_run(point, await _run(
+                        http, config, prompts, counter, point.prompt, point.batch,
+                        point.max_tokens)))
+                    seen.append(engine_metrics.means(
+                        before, await engine_metrics.scrape(http, base)))
+                sample = {"key": point.key, **dataclasses.asdict(point),
+                          "seconds": [step for step, _ in runs],
+                          "context_per_request": float(np.median([c for _, c in runs]))}
+                _engine_view(sample, seen, "itl_s")
+                done(point, sample)
+                continue
+            seconds, seen = [], []
             for _ in range(point.repeats):
-                states = await _run(http, config, prompts, counter, point.prompt, 1, 1)
-                seconds.append(states[0].token_at[0])       # sent at 0: its TTFT
-            done(point, {"key": point.key, **dataclasses.asdict(point), "seconds": seconds})
+                before = await engine_metrics.scrape(http, base)
+                states = await _run(http, config, prompts, counter, point.prompt,
+                                    point.batch, 1)
+                # sent at 0: a lone request's TTFT, a burst's last answer
+                seconds.append(max(s.token_at[-1] for s in states))
+                seen.append(engine_metrics.means(before, await engine_metrics.scrape(
+                    http, base)))
+            sample = {"key": point.key, **dataclasses.asdict(point), "seconds": seconds}
+            _engine_view(sample, seen, None if point.kind == "burst" else "prefill_s")
+            done(point, sample)
+
+
+def _engine_view(sample: dict, seen: list[dict], key: str | None) -> None:
+    """Into ``sample``, from each run's ``/metrics`` means: ``engine_seconds`` (the engine's
+    own ``key``) and ``api_cpu_seconds`` (the API server's CPU), where every run has them."""
+    for name, field in (("engine_seconds", key), ("api_cpu_seconds", "api_cpu_s")):
+        values = [m.get(field) for m in seen] if field else [None]
+        if all(v is not None for v in values):
+            sample[name] = values
 
 
 async def _run(http, config, prompts, counter, prompt: int, batch: int, max_tokens: int):
@@ -246,29 +301,6 @@ MODEL_KEYS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
               "vocab_size": "vocab_size"}
 
 
-def read_samples(out: Path) -> dict[str, dict]:
-    """The points ``samples.jsonl`` holds, by key (a half-written last line is dropped)."""
-    path = Path(out) / SAMPLES_FILE
-    if not path.is_file():
-        return {}
-    lines = path.read_text().split("\n")
-    if lines[-1]:                                   # no newline after it: cut short
-        path.write_text("\n".join(lines[:-1]) + "\n")
-    samples = {}
-    for number, line in enumerate(lines[:-1], start=1):
-        try:
-            sample = json.loads(line)
-            samples[sample["key"]] = sample
-        except (ValueError, KeyError, TypeError):
-            raise EndpointProfileError(f"{path}:{number}: not a sample line") from None
-    return samples
-
-
-def append_sample(out: Path, sample: dict) -> None:
-    with open(Path(out) / SAMPLES_FILE, "a") as f:
-        f.write(json.dumps(sample) + "\n")
-
-
 def header(endpoint: str, engine: EngineSettings, plan: ProfilePlan,
            model_config: dict | None = None) -> dict:
     """profile.toml's tables, less what the samples give ([serving] api_latency_s)."""
@@ -302,23 +334,36 @@ def _stats(values) -> tuple[float, float, float]:
     return tuple(float(np.percentile(v, q)) for q in (50, 10, 90))
 
 
+def floor_latencies(samples: dict[str, dict]) -> list[float]:
+    """Each floor request's TTFT less the engine's own time for it (without ``/metrics``:
+    less the decode step of one sequence), never below 0; empty until both are measured."""
+    floor = [s for s in samples.values() if s["kind"] == "floor"]
+    lone = sorted((s for s in samples.values() if s["kind"] == "decode" and s["batch"] == 1),
+                  key=lambda s: s["context_per_request"])
+    if not floor or not lone:
+        return []
+    engine = floor[0].get("engine_seconds") or _stats(
+        lone[0].get("engine_seconds") or lone[0]["seconds"])[0]
+    return [max(0.0, float(x)) for x in np.subtract(floor[0]["seconds"], engine)]
+
+
 def derive(samples: dict[str, dict]) -> tuple[float | None, list, list]:
     """(API latency, prefill.csv rows, decode.csv rows) from the samples measured so far.
     The latency needs the floor and a decode point of one sequence; prefill rows need it."""
     decode = sorted((s for s in samples.values() if s["kind"] == "decode"),
                     key=lambda s: (s["batch"], s["context_per_request"]))
     rows = [(s["batch"], s["context_per_request"], s["batch"] * s["context_per_request"],
-             *_stats(s["seconds"]), len(s["seconds"])) for s in decode]
+             *_stats(s.get("engine_seconds") or s["seconds"]), len(s["seconds"]))
+            for s in decode]
     floor = [s for s in samples.values() if s["kind"] == "floor"]
     lone = [s for s in decode if s["batch"] == 1]
     if not floor or not lone:
         return None, [], rows
-    step = _stats(lone[0]["seconds"])[0]
-    latency = max(0.0, _stats(floor[0]["seconds"])[0] - step)
+    latency = _stats(floor_latencies(samples))[0]
     prefill = []
     for s in sorted((s for s in samples.values() if s["kind"] == "prefill"),
                     key=lambda s: s["prompt"]):
-        engine_s = [max(t - latency, 1e-6) for t in s["seconds"]]
+        engine_s = s.get("engine_seconds") or [max(t - latency, 1e-6) for t in s["seconds"]]
         prefill.append((s["prompt"], 1, *_stats(engine_s), len(engine_s)))
     return latency, prefill, rows
 
@@ -333,6 +378,14 @@ def write_profile(out: Path, head: dict, samples: dict[str, dict], complete: boo
     doc = {k: dict(v) for k, v in head.items()}
     doc["meta"]["complete"] = complete and latency is not None
     doc["serving"]["api_latency_s"] = latency
+    doc["serving"]["api_latency_samples_s"] = floor_latencies(samples) or None
+    from traces.endpoint_costs import churn_cost, frontend_cost, frontend_token_cost
+
+    cost = frontend_cost(samples)
+    if cost is not None:
+        doc["serving"]["frontend_request_s"] = cost
+    doc["serving"]["frontend_token_s"] = frontend_token_cost(samples)
+    doc["serving"].update(churn_cost(samples) or {})
     for name, rows in (("prefill", prefill), ("decode", decode)):
         text = ",".join(KEYS[name] + STATS) + "\n" + "".join(
             ",".join(f"{x:.9g}" if isinstance(x, float) else str(x) for x in row) + "\n"
@@ -341,13 +394,3 @@ def write_profile(out: Path, head: dict, samples: dict[str, dict], complete: boo
     tmp = out / "profile.toml.tmp"
     tmp.write_text("# Written by `hawk profile --endpoint`; seconds, tokens.\n" + to_toml(doc))
     tmp.replace(out / "profile.toml")
-
-
-def settings_diff(old: dict, new: dict) -> list[str]:
-    """What differs between a profile.toml's plan and engine and these (resume check)."""
-    keys = [("sweep", k) for k in set(old.get("sweep", {})) | set(new["sweep"])]
-    keys += [("serving", k) for k in ("prefill_max_batch_tokens", "decode_max_batch",
-                                      "kv_block_tokens", "num_kv_tokens")]
-    keys += [("model", "max_context"), ("machine", "endpoint")]
-    return [f"{t}.{k} is {new[t].get(k)!r} here, {old.get(t, {}).get(k)!r} in profile.toml"
-            for t, k in sorted(keys) if old.get(t, {}).get(k) != new[t].get(k)]

@@ -437,7 +437,9 @@ def read_chunk(chunk: dict, state: _Progress, now: float) -> None:
     choice = choice if isinstance(choice, dict) else {}
     delta = choice.get("delta")
     text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-    if isinstance(text, str) and text:
+    # a token whose text is empty (a special token) streams no text; when it is the only
+    # one, the finishing chunk is when it came
+    if isinstance(text, str) and (text or (not state.token_at and choice.get("finish_reason"))):
         state.token_at.append(now)
     if choice.get("finish_reason"):
         state.finish_reason = str(choice["finish_reason"])

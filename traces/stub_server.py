@@ -32,6 +32,11 @@ them) or for every request:
                             gets HTTP 404 ("The model `x` does not exist.", as vLLM answers);
                             unset, there is no listing and any model name is served
 ``max_model_len``           the listing gives each model this context (vLLM's field)
+``request_cost_s``          a front end that takes this long per request, one at a time,
+                            before its delays start (an API server on a busy core)
+``churn_cost_s``            each arriving request delays the tokens still to come of every
+                            request in flight by this much (an engine whose steps pay for
+                            each request that joins them)
 ==========================  ==================================================================
 
 It exists to check the replay client against known delays and behaviours, and as a
@@ -72,9 +77,11 @@ class StubConfig:
     usage: bool = True
     string_prompts_only: bool = False
     timings: bool = False
+    request_cost_s: float = 0.0
+    churn_cost_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.ttft_s < 0 or self.tpot_s < 0:
+        if min(self.ttft_s, self.tpot_s, self.request_cost_s, self.churn_cost_s) < 0:
             raise ValueError(f"delays must be >= 0, got ttft {self.ttft_s}, tpot {self.tpot_s}")
 
 
@@ -82,9 +89,16 @@ def make_app(config: StubConfig):
     from aiohttp import web
 
     last_prompt: list = []      # the one slot's cached prompt (for ``timings.cache_n``)
+    front = asyncio.Lock()      # the front end: one request at a time
+    churned = [0.0]             # the delay every request so far has added to those in flight
 
     async def complete(request: web.Request) -> web.StreamResponse:
+        if config.request_cost_s:
+            async with front:
+                await asyncio.sleep(config.request_cost_s)
         arrived = asyncio.get_running_loop().time()
+        churned[0] += config.churn_cost_s
+        seen = churned[0]           # what this one's own arrival and earlier ones added
         body = await request.json()
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         chat = request.path.endswith("/chat/completions")
@@ -118,7 +132,8 @@ def make_app(config: StubConfig):
         sent = 0
         for k, (text, tokens) in enumerate(pieces[:stop]):
             sent += tokens
-            await _sleep_until(arrived + config.ttft_s + (sent - 1) * config.tpot_s)
+            await _sleep_until(arrived + config.ttft_s + (sent - 1) * config.tpot_s
+                               + churned[0] - seen)
             last = k == len(pieces) - 1
             chunk = _chunk(chat, text, tokens if logprobs else 0, "length" if last else None)
             if last and config.timings:
@@ -233,6 +248,10 @@ def main(argv=None) -> None:
     parser.add_argument("--timings", action="store_true", help="llama-server-style timings")
     parser.add_argument("--models", nargs="+", help="served model names (GET /v1/models)")
     parser.add_argument("--max-model-len", type=int, help="the context /v1/models lists")
+    parser.add_argument("--request-cost", type=float, default=0.0,
+                        help="seconds per request at a one-at-a-time front end")
+    parser.add_argument("--churn-cost", type=float, default=0.0,
+                        help="seconds each arrival delays every request in flight")
     args = parser.parse_args(argv)
     try:
         import aiohttp  # noqa: F401
@@ -244,7 +263,8 @@ def main(argv=None) -> None:
                         merge_utf8=args.merge_utf8, usage=not args.no_usage,
                         string_prompts_only=args.string_prompts_only, timings=args.timings,
                         models=tuple(args.models) if args.models else None,
-                        max_model_len=args.max_model_len)
+                        max_model_len=args.max_model_len,
+                        request_cost_s=args.request_cost, churn_cost_s=args.churn_cost)
     try:
         asyncio.run(serve(config, args.host, args.port))
     except KeyboardInterrupt:

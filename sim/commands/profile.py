@@ -39,10 +39,11 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from traces import endpoint_profile as ep
+    from traces import endpoint_samples as es
 
     plan = ep.ProfilePlan(repeats=2 if args.quick else args.repeats,
                           batches=(1, 4, 16) if args.quick else _ints(args.batches),
-                          decode_tokens=args.decode_tokens, floor_repeats=4 if args.quick else 10,
+                          decode_tokens=args.decode_tokens, floor_repeats=8 if args.quick else 30,
                           decode_repeats=1 if args.quick else 3)
     low, _, high = args.prompt_token_ids.partition(":")
     try:
@@ -67,7 +68,7 @@ def run(args) -> int:
     bar = tqdm(total=len(points), desc="points", unit="pt", disable=None, leave=False)
 
     def done(point, sample) -> None:
-        ep.append_sample(args.out, sample)
+        es.append_sample(args.out, sample)
         samples[point.key] = sample
         ep.write_profile(args.out, head, samples, complete=False)
         bar.update(1)
@@ -89,6 +90,7 @@ def _prepare(out: Path, head: dict, force: bool) -> dict:
     """The samples already in ``out`` (resume), after refusing another profile's directory."""
     from hardware.serve.profile_files import read_toml
     from traces import endpoint_profile as ep
+    from traces import endpoint_samples as es
 
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a directory")
@@ -96,7 +98,7 @@ def _prepare(out: Path, head: dict, force: bool) -> dict:
     if out.is_dir() and any(out.iterdir()):
         why = None if toml.is_file() else "is not empty and holds no profile.toml"
         if why is None:
-            diffs = ep.settings_diff(read_toml(toml), head)
+            diffs = es.settings_diff(read_toml(toml), head)
             why = "holds a profile of other settings: " + "; ".join(diffs[:4]) if diffs else None
         if why and not force:
             raise ValueError(f"--out {out} {why}; rerun with the same arguments to resume, "
@@ -104,7 +106,7 @@ def _prepare(out: Path, head: dict, force: bool) -> dict:
         if why:
             shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    return ep.read_samples(out)
+    return es.read_samples(out)
 
 
 def _model_config(path: Path | None) -> dict | None:

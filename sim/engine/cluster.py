@@ -7,6 +7,8 @@ returns a ``RunResult`` with the records table and the summary metrics.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import time
 from dataclasses import dataclass, field
@@ -303,18 +305,9 @@ def simulate(config: RunConfig | None = None, trace: Trace | None = None, *,
                      aggregate=None if stream is None else ledger.aggregate)
 
 
-def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) -> RunResult:
-    """``simulate`` for ``kind = "aggregated"``: the same records and summary keys
-    (``sim.engine.pools``); ``predictors`` = (predictor, ...) replaces the roofline."""
-    if stream is None:
-        trace = trace if trace is not None else workload_trace(config)
-        check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
+def _run_aggregated(config: RunConfig, trace, until, stream, predictor, m):
+    """One run of the aggregated pool on ``trace``: (env, ledger, pool)."""
     inst = config.cluster.aggregated
-    m = measured_parts(config)          # an engine measured from outside (hawk profile)
-    if m is not None and m.api_latency_s and stream is not None:
-        raise ConfigError(f"cluster.profile {m.profile.path}: a streamed run cannot add the "
-                          f"profile's API latency to its records; run it without streaming")
-    wall = time.perf_counter()
     env = simpy.Environment()
     if stream is None:
         ledger = Ledger(trace)
@@ -322,8 +315,6 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         from sim.engine.stream import open_ledger
 
         ledger = open_ledger(config, trace, stream, until, False)
-    predictor = predictors[0] if predictors else (
-        m.predictor if m is not None else make_predictor(config, inst))
     pool = pools.aggregated_pool(env, config, ledger, predictor, m.decode_blocks if m is not None
                                  else kv_capacity_blocks(config, inst),
                                  trace if stream is None else None)
@@ -335,8 +326,39 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
         if stream is not None:
             ledger.close(exc)
         raise
-    if m is not None and m.api_latency_s:
-        pools.delay_outputs(ledger, m.api_latency_s)
+    return env, ledger, pool
+
+
+def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) -> RunResult:
+    """``simulate`` for ``kind = "aggregated"``: the same records and summary keys
+    (``sim.engine.pools``); ``predictors`` = (predictor, ...) replaces the roofline."""
+    if stream is None:
+        trace = trace if trace is not None else workload_trace(config)
+        check_run_size(len(trace), what=f"a trace of {len(trace):,} requests")
+    inst = config.cluster.aggregated
+    m = measured_parts(config)          # an engine measured from outside (hawk profile)
+    if m is not None and m.api_latency_s and stream is not None:
+        raise ConfigError(f"cluster.profile {m.profile.path}: a streamed run cannot add the "
+                          f"profile's API latency to its records; run it without streaming")
+    predictor = predictors[0] if predictors else (
+        m.predictor if m is not None else make_predictor(config, inst))
+    if not predictors and m is not None and m.request_overhead_s:
+        from sim.engine.measured import ChurnPriced
+
+        predictor = ChurnPriced(predictor, m.request_overhead_s)
+    wall = time.perf_counter()
+
+    def run(arrival_at=None):
+        return _run_aggregated(config, trace if arrival_at is None else dataclasses.replace(
+            trace, arrival_at=arrival_at), until, stream, predictor, m)
+    if m is not None and m.has_front_end:
+        from sim.engine.frontend import through_front_end
+
+        env, ledger, pool = through_front_end(run, trace, m, config.seed)
+    else:
+        env, ledger, pool = run()
+        if m is not None and m.api_latency_s:
+            pools.delay_outputs(ledger, m.api_latency_s)
     records, summary = pools.records_and_summary(config, ledger, until, stream is not None)
     summary["sim_wall_time_s"] = time.perf_counter() - wall
     summary["simulated_time_s"] = span = float(env.now)
@@ -351,6 +373,8 @@ def _simulate_aggregated(config: RunConfig, trace, until, predictors, stream) ->
     if m is not None:
         summary["profile"] = {"path": m.profile.path, "complete": m.profile.complete,
                               "api_latency_s": m.api_latency_s,
+                              "frontend_request_s": m.frontend_request_s,
+                              "request_overhead_s": m.request_overhead_s,
                               "extrapolated": m.extrapolation()}
     summary["config"] = provenance(config)
     return RunResult(config, records, summary, stats,

@@ -102,6 +102,53 @@ class MeasuredParts:
         steps that much later)."""
         return self.profile.serving["api_latency_s"]
 
+    @property
+    def frontend_request_s(self) -> float:
+        """Seconds the engine's front end (its API server, and the client on the same host)
+        spends on each request before the engine sees it, one request at a time ([serving]
+        frontend_request_s of ``hawk profile --endpoint``; 0 when not measured): requests
+        arriving faster than that queue there (``sim.engine.pools.frontend_arrivals``)."""
+        return self.profile.serving.get("frontend_request_s", 0.0)
+
+    @property
+    def frontend_token_s(self) -> float:
+        """Seconds the front end spends streaming each token ([serving] frontend_token_s:
+        the API server's CPU per token over the decode points; 0 when not measured)."""
+        return self.profile.serving.get("frontend_token_s", 0.0)
+
+    @property
+    def has_front_end(self) -> bool:
+        """Whether the profile measured more of the front end than a constant latency."""
+        s = self.profile.serving
+        return bool(s.get("frontend_request_s") or s.get("frontend_token_s")
+                    or s.get("api_latency_samples_s"))
+
+    def request_latencies(self, n: int, seed: int):
+        """Each of ``n`` requests' round trip beside the engine: drawn (seeded by ``seed``)
+        from the floor's measured ones ([serving] api_latency_samples_s, one per floor
+        request), so a stall the floor met now and then meets the requests as often; the
+        constant ``api_latency_s`` when the profile has no samples."""
+        import numpy as np
+
+        samples = self.profile.serving["api_latency_samples_s"]
+        if not samples:
+            return np.full(n, self.api_latency_s)
+        return np.random.default_rng(seed).choice(np.asarray(samples, dtype=float), size=n)
+
+    @property
+    def request_overhead_s(self) -> float:
+        """Seconds each request adds to the step that admits it beyond the table's price of
+        its prefill there: the churn point's cost per request ([serving] request_churn_s)
+        less what ``mixed_step_time`` charges a one-token prompt joining that point's step
+        (never below 0; 0 when not measured)."""
+        s = self.profile.serving
+        if not s.get("request_churn_s"):
+            return 0.0
+        context = [s["churn_context"]] * s["churn_batch"]
+        priced = (self.predictor.mixed_step_time([(1, 0)], context)
+                  - self.predictor.mixed_step_time([], context))
+        return max(0.0, s["request_churn_s"] - priced)
+
     def restore_time(self, tokens: int, how: str) -> float:
         """A preempted request's KV back: recomputed, priced by the prefill table (the real
         workers never preempt: they reserve up front; swap has no measured PCIe figure)."""
@@ -144,3 +191,23 @@ def measured_parts(config) -> MeasuredParts | None:
     return MeasuredParts(profile, profile.predictor(),
                          MeasuredPricing(profile, cl.link.mechanism), s["prefill_num_blocks"],
                          -(-s["num_kv_tokens"] // cl.decode.block_size), tables)
+
+
+class ChurnPriced:
+    """A predictor whose mixed steps cost ``overhead_s`` more per request whose prompt starts
+    in them (a first chunk: nothing of it computed before); everything else is ``base``'s."""
+
+    def __init__(self, base, overhead_s: float):
+        self.base, self.overhead_s = base, overhead_s
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def mixed_step_time(self, prefill_chunks, decode_contexts) -> float:
+        new = sum(1 for _, computed in prefill_chunks if computed == 0)
+        return self.base.mixed_step_time(prefill_chunks, decode_contexts) + new * self.overhead_s
+
+    def mixed_step(self, prefill_chunks, decode_contexts) -> tuple[float, bool]:
+        t, bound = self.base.mixed_step(prefill_chunks, decode_contexts)
+        new = sum(1 for _, computed in prefill_chunks if computed == 0)
+        return t + new * self.overhead_s, bound

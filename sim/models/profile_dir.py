@@ -275,6 +275,20 @@ def _model_and_serving(doc: dict, where: str):
     serving = {k: _whole(s, "serving", k, where) for k in SERVING_FIELDS}
     serving["engine"] = engine
     serving["api_latency_s"] = _seconds(s, "api_latency_s", where)
+    serving["frontend_request_s"] = _seconds(s, "frontend_request_s", where)
+    serving["frontend_token_s"] = _seconds(s, "frontend_token_s", where)
+    samples = s.get("api_latency_samples_s", [])
+    if not isinstance(samples, list) or any(
+            isinstance(x, bool) or not isinstance(x, (int, float)) or not (
+                math.isfinite(x) and x >= 0) for x in samples):
+        raise ProfileDirError(f"{where}: [serving] api_latency_samples_s must be a list of "
+                              f"seconds >= 0, got {samples!r:.80}")
+    serving["api_latency_samples_s"] = [float(x) for x in samples]
+    # the churn point (traces.endpoint_costs): what a request's coming and going costs the
+    # others' steps; absent, nothing is added
+    serving["request_churn_s"] = _seconds(s, "request_churn_s", where)
+    for key in ("churn_batch", "churn_context"):
+        serving[key] = _whole(s, "serving", key, where) if key in s else 1
     for key, default in SERVING_DEFAULTS.items():
         serving[key] = _whole(s, "serving", key, where) if key in s else default
     if "kv_bytes_per_token" in s:         # the bytes transfer.csv counts per token

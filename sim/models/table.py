@@ -189,8 +189,14 @@ class _Lines:
         xs = np.concatenate([xs for xs, _ in self.lines])
         self.group_range = (float(self.keys[0]), float(self.keys[-1]))
         self.x_range = (float(xs.min()), float(xs.max()))
+        # no step takes less than the fastest one measured: a noisy table's end segments,
+        # extrapolated, would otherwise price a step at less than that (even below zero)
+        self.floor = float(min(ys.min() for _, ys in self.lines))
 
     def __call__(self, g: float, x: np.ndarray) -> np.ndarray:
+        return np.maximum(self._unfloored(g, x), self.floor)
+
+    def _unfloored(self, g: float, x: np.ndarray) -> np.ndarray:
         keys, lines = self.keys, self.lines
         if len(keys) == 1:
             return _line(x, *lines[0])

@@ -219,7 +219,8 @@ def decode_step_ratios(frame, step_time, samples: int = 16) -> dict:
     made = frame["num_generated_tokens"].to_numpy(dtype=float)[ok]
     prompt = frame["num_prompt_tokens"].to_numpy(dtype=float)[ok]
     ratios = {"summed": [], "padded": []}
-    for i in np.flatnonzero(made >= 3):
+    # a stream whose tokens all came at once has no decode span to sample (nor a step)
+    for i in np.flatnonzero((made >= 3) & (done > first)):
         tpot = (done[i] - first[i]) / (made[i] - 1)
         steps = {"summed": [], "padded": []}
         for t in np.linspace(first[i], done[i], samples, endpoint=False):
@@ -288,9 +289,29 @@ def format_result(result: dict) -> str:
     for load in result["loads"]:
         lines += ["", f"{load['name']} load, {load['rate']:.4g} req/s: {load['pairing']}",
                   format_errors(load)]
+        if "views" in load:
+            lines.append(format_views(load["views"]))
     met = all(load["all_met"] for load in result["loads"])
     lines += ["", "every metric within its goal" if met else "goals missed: see MISS rows "
               "(component: the stage with the largest mean error, sim - real)"]
+    return "\n".join(lines)
+
+
+def format_views(views: dict) -> str:
+    """One line each of where the mean time goes: the client, the engine's own report, the
+    simulator (``sim.validation.run.views``), in milliseconds."""
+    def ms(value) -> str:
+        return "-" if value is None or not math.isfinite(value) else f"{1e3 * value:.2f}"
+    c, e, s = views["client"], views["engine"], views["sim"]
+    lines = [f"  means, ms: client TTFT {ms(c['ttft_s'])} TPOT {ms(c['tpot_s'])} (sent "
+             f"{ms(c['send_lag_s'])} late); simulated TTFT {ms(s['ttft_s'])} (first step "
+             f"{ms(s.get('prefill_s'))}) TPOT {ms(s['tpot_s'])}"]
+    if e:
+        lines.append(f"  engine's own (vLLM /metrics): API server TTFT {ms(e.get('api_ttft_s'))}"
+                     f" (p50 {ms(e.get('api_ttft_p50_s'))}, p90 {ms(e.get('api_ttft_p90_s'))})"
+                     f", queue {ms(e.get('queue_s'))}, prefill {ms(e.get('prefill_s'))}, TPOT "
+                     f"{ms(e.get('tpot_s'))}, {e.get('tokens_per_step', math.nan):.3g} tokens "
+                     f"per step over {e.get('num_steps', 0):.0f} steps")
     return "\n".join(lines)
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.validation import errors as val
+from sim.validation.endpoint import WARMUP_REQUESTS, as_sent, endpoint_records, views
 from traces.jsonout import dumps
 from traces.trace import Trace
 
@@ -43,8 +44,6 @@ TPOT_SLO_X = 5.0
 KNEE_TARGET = 0.9
 #: requests the knee is searched on (the trace repeated, ``Requests.repeated``)
 KNEE_REQUESTS = 400
-#: requests a fresh cluster serves before the measured ones (the profile excludes warm-up too)
-WARMUP_REQUESTS = 4
 
 
 @dataclass(frozen=True)
@@ -172,23 +171,6 @@ def simulate_on_profile(profile, trace: Trace, mechanism: str | None, ttft_slo_s
     return simulate(config, trace).records
 
 
-def endpoint_records(trace: Trace, endpoint: str, ttft_slo_s: float, tpot_slo_s: float,
-                     out: Path, token_ids: tuple[int, int] = (3, 1000)):
-    """Records of ``hawk replay`` of ``trace`` against a live engine (token-id prompts,
-    forced lengths; written to ``out`` too), after ``WARMUP_REQUESTS`` lone requests."""
-    from traces.prompts import PromptSpec
-    from traces.replay import ReplayConfig, replay
-
-    spec = PromptSpec(kind="token_ids", token_id_low=token_ids[0], token_id_high=token_ids[1],
-                      seed=len(trace))
-    warm = Trace.from_columns(np.arange(WARMUP_REQUESTS) * 0.1, [8] * WARMUP_REQUESTS,
-                              [4] * WARMUP_REQUESTS, name="warm-up")
-    replay(warm, ReplayConfig(endpoint, prompt=dataclasses.replace(spec, seed=1 + len(trace))))
-    result = replay(trace, ReplayConfig(endpoint, prompt=spec))
-    result.write(out, ttft_slo_s, tpot_slo_s)
-    return result.records
-
-
 def real_records(trace: Trace, config, ttft_slo_s: float, tpot_slo_s: float, context: int,
                  out: Path, progress: bool):
     """Records of ``hawk real run`` on ``trace`` (written to ``out`` too)."""
@@ -230,13 +212,15 @@ def load_requests(trace_path, workload: str | None, num_requests: int, context: 
 
 def default_slos(simulate_fn, requests: Requests) -> tuple[float, float]:
     """``TTFT_SLO_X`` x / ``TPOT_SLO_X`` x the simulated TTFT / TPOT of the longest prompt
-    alone (its own output length, at least 2 tokens so TPOT is defined)."""
+    alone (its own output length, at least 2 tokens so TPOT is defined; a token added to
+    the output is taken from the prompt, so a request that fills the context still fits)."""
     from traces import metrics
 
     t = requests.trace
     i = int(t.num_prompt_tokens.argmax())
-    alone = Trace.from_columns([0.0], [int(t.num_prompt_tokens[i])],
-                               [max(2, int(t.num_output_tokens[i]))], name="alone")
+    prompt, output = int(t.num_prompt_tokens[i]), int(t.num_output_tokens[i])
+    extra = max(0, 2 - output)
+    alone = Trace.from_columns([0.0], [max(1, prompt - extra)], [output + extra], name="alone")
     frame = simulate_fn(alone, 1e6, 1e6)
     ttft, tpot = float(metrics.ttft(frame)[0]), float(metrics.tpot(frame)[0])
     if not (ttft > 0 and tpot > 0):
@@ -359,14 +343,16 @@ def validate(profile, requests: Requests, loads_text: str = "light,knee", *,
         for load in resolve_loads(items, knee):
             trace = requests.at(load.rate)
             say(f"{load.name}: {load.rate:.3g} req/s, {len(trace)} requests, real mode ...")
-            real = real_fn(trace, *slos, base / load.name / "real")
-            sim = simulate_fn(trace, *slos)
+            real, sent = as_sent(real_fn(trace, *slos, base / load.name / "real"), trace)
+            sim = simulate_fn(sent, *slos)
             judged, pairing = val.judge(real, sim, *slos, goals)
             sides = (("real", real), ("sim", sim))
             judged["prefill_batch_vs_table"] = {
                 side: val.prefill_batch_ratios(frame, table.prefill_time) for side, frame in sides}
             judged["decode_step_vs_table"] = {
                 side: val.decode_step_ratios(frame, step_time) for side, frame in sides}
+            if endpoint is not None:
+                judged["views"] = views(real, sim)
             result["loads"].append({"name": load.name, "rate": load.rate, **judged})
             if out is not None:
                 (base / load.name / "sim").mkdir(parents=True, exist_ok=True)

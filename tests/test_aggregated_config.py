@@ -170,3 +170,23 @@ def _bench_stub() -> dict:
                 long_output_same_rate_wall_ratio=3.0, long_output_same_rate_wall_s=3.0,
                 long_output_same_rate_preemptions_per_request=1.4, startup_s=0.3,
                 startup_wall_s=0.4)
+
+
+def test_an_aggregated_cluster_checks_its_own_tp_against_the_model_not_the_pd_defaults(tmp_path):
+    """A model with 2 KV heads on one aggregated device: the P/D pools' default tp (4) does not
+    apply to a cluster that has no P/D pools; the aggregated pool's own tp still does."""
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1024,
+        "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False}))
+    cluster = {"kind": "aggregated", "model": str(config),
+               "aggregated": {"device": "h100-sxm", "tp": 1, "num_instances": 1}}
+    run = from_dict({"cluster": cluster, "workload": {"rate": 0.5, "num_requests": 10}})
+    assert run.cluster.aggregated.tp == 1
+    cluster["aggregated"]["tp"] = 4
+    with pytest.raises(ConfigError, match=r"cluster\.aggregated\.tp = 4 does not divide"):
+        from_dict({"cluster": cluster, "workload": {"rate": 0.5, "num_requests": 10}})

@@ -284,12 +284,12 @@ class ClusterConfig:
         if _check_measured_model(self):
             return                      # the measured profile's own model and workers
         spec = _check_model(self)
-        for inst in (self.prefill, self.decode, self.aggregated):
-            if inst is not None:
-                _check_heads(spec, inst)
+        # an aggregated cluster serves on its aggregated pool alone: the P/D pools' defaults
+        # (tp 4 and their devices) are not checked against the model
         serving = (self.aggregated,) if self.kind == "aggregated" else (
             self.prefill, self.decode, self.aggregated)
         for inst in (i for i in serving if i is not None):
+            _check_heads(spec, inst)
             _check_npu(spec, inst)
         if self.kind != "aggregated":
             _check_same_kv_dtype(self)

@@ -7,12 +7,10 @@ vLLM) KV sizes against vLLM's own."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tomllib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from hardware import catalog
@@ -21,6 +19,7 @@ from sim.commands.main import main
 from sim.config import ConfigError, RunConfig
 from sim.models.predictor import RooflinePredictor, load_profile
 from sim.models.transfer import MECHANISMS, InstanceFacts, plan_counts
+from tests.needs import vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 MIXTRAL_JSON = ROOT / "tests" / "data" / "mixtral-8x7b-config.json"
@@ -254,17 +253,6 @@ def test_an_unknown_model_name_lists_the_catalog(capsys):
 
 # --- against vLLM's own KV sizing ----------------------------------------------------------
 
-def _vllm_python() -> str:
-    python = os.environ.get("HAWK_VLLM_PYTHON")
-    if not python:
-        pytest.skip("HAWK_VLLM_PYTHON names no python with vLLM (scripts/validate-vllm.sh "
-                    "installs one; CI does not)")
-    found = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
-    if found.returncode != 0:
-        pytest.skip(f"HAWK_VLLM_PYTHON={python} cannot import vllm")
-    return python
-
-
 LLAMA_8B_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
@@ -290,7 +278,7 @@ def _vllm_cases() -> list[tuple[str, dict, int]]:
 
 
 def test_kv_bytes_and_blocks_match_vllms_own_computation():
-    python = _vllm_python()
+    python = vllm_python()
     memory, block = 10 * 2 ** 30, 16                    # bytes per device, tokens per block
     cases = _vllm_cases()
     stdin = json.dumps([{"config": c, "tp": tp, "block_size": block, "memory_bytes": memory}

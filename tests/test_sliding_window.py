@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from hardware.catalog import model_from_hf
 from sim.engine.memory import make_pool
 from sim.models.predictor import RooflinePredictor, load_profile
 from sim.models.transfer import MECHANISMS, InstanceFacts, plan_counts
+from tests.needs import vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 16
@@ -152,22 +152,11 @@ def test_a_disaggregated_request_sends_the_window_of_sliding_layers():
 
 # --- against vLLM's own managers -----------------------------------------------------------
 
-def _vllm_python() -> str:
-    python = os.environ.get("HAWK_VLLM_PYTHON")
-    if not python:
-        pytest.skip("HAWK_VLLM_PYTHON names no python with vLLM (scripts/validate-vllm.sh "
-                    "installs one; CI does not)")
-    found = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
-    if found.returncode != 0:
-        pytest.skip(f"HAWK_VLLM_PYTHON={python} cannot import vllm")
-    return python
-
-
 def test_request_blocks_match_vllms_sliding_window_managers():
     """vLLM's own managers (scripts/vllm_swa_blocks.py) run one request's decode steps; its
     peak bytes, rounded up to blocks of every layer, are ``kv_blocks``, and its pool holds as
     many layer-blocks as ours."""
-    python, memory = _vllm_python(), 8 * 2 ** 30
+    python, memory = vllm_python(), 8 * 2 ** 30
     cases = [(c, p, o) for c in (MISTRAL, GEMMA2, QWEN) for p, o in ((6000, 300), (1000, 200))]
     stdin = json.dumps([{"config": c, "block_size": BLOCK, "memory_bytes": memory,
                          "prompt": p, "output": o} for c, p, o in cases])

@@ -109,6 +109,14 @@ class Sweep:
         return "GN-HAWK" if "GN-HAWK" in self.mechanisms else self.mechanisms[0]
 
 
+
+def warn_if_loaded() -> None:
+    """One line on stderr when the machine is busy enough to disturb the measurements."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores / 2:
+        print(f"real profile: load average {load:.1f} on {cores} cores; other processes "
+              f"compete with the measurements", file=sys.stderr)
+
 def _upto(points, limit: int) -> tuple[int, ...]:
     return tuple(sorted({int(p) for p in points if 1 <= p < limit} | {int(limit)}))
 
@@ -184,10 +192,8 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
     device = prefill_device(device)
     header = header_for(model_dir, seed, device, sweep, serving, config, kv_per_token)
     prepare(out, header, force)
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if progress and load > cores / 2:
-        print(f"real profile: load average {load:.1f} on {cores} cores; other processes "
-              f"compete with the measurements", file=sys.stderr)
+    if progress:
+        warn_if_loaded()
     _ensure_model(out, header, model_dir, seed, config)
     tables = {name: Table(out / f"{name}.csv", KEYS[name] + STATS) for name in KEYS}
     threads = torch.get_num_threads()

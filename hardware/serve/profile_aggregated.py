@@ -33,7 +33,6 @@ longest chunk or context). Rows are appended as measured; a rerun resumes (as
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import asdict, dataclass
 from itertools import count
@@ -258,7 +257,7 @@ def measure_loop(out: Path, decode_rows: list[dict], s: AggSettings, device: str
     import tempfile
 
     from hardware.serve.cluster import ClusterConfig
-    from hardware.serve.profile_loop import COLUMNS, WARMUP_REQUESTS, session_trace
+    from hardware.serve.profile_loop import WARMUP_REQUESTS, session_trace, write_loop_csv
     from hardware.serve.run import RealRunConfig, real_run
 
     trace = session_trace(decode_rows, context, num_requests)
@@ -281,12 +280,7 @@ def measure_loop(out: Path, decode_rows: list[dict], s: AggSettings, device: str
                     elif r["num_chunks"] == "0" and r["period_s"]:
                         rows.append(("decode", r["num_decodes"], r["decode_longest"],
                                      r["decode_total"], r["period_s"]))
-        partial = out / "loop.csv.partial"
-        with partial.open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(COLUMNS)
-            w.writerows(rows)
-        os.replace(partial, out / "loop.csv")
+        write_loop_csv(out, rows)
     return len(rows)
 
 
@@ -330,7 +324,7 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
 
     from hardware.model.config import LlamaConfig, tiny_config
     from hardware.model.llama import LlamaModel
-    from hardware.serve.profile import _bar, _ensure_model, prefill_device
+    from hardware.serve.profile import _bar, _ensure_model, prefill_device, warn_if_loaded
     from hardware.serve.profile_loop import summary as loop_summary
     from hardware.serve.profile_files import prepare, write_header
 
@@ -350,10 +344,8 @@ def run(out, *, model_dir=None, seed: int = 0, device: str = "auto", quick: bool
     prepare(out, header, force)
     if not (out / "profile.toml").is_file():           # fresh, or cleared by --force
         (out / "mixed.csv").unlink(missing_ok=True)
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if progress and load > cores / 2:
-        print(f"real profile: load average {load:.1f} on {cores} cores; other processes "
-              f"compete with the measurements", file=sys.stderr)
+    if progress:
+        warn_if_loaded()
     _ensure_model(out, header, model_dir, seed, config)
     tables = {name: Table(out / f"{name}.csv", KEYS[name] + STATS) for name in KEYS}
     threads = torch.get_num_threads()

@@ -84,13 +84,18 @@ def measure_loop(out: Path, decode_rows: list[dict], serving, mechanism: str, de
         rows += [("decode", r["batch"], r["longest"], r["total"], r["period_s"])
                  for r in _read(logs, "decode") if r["period_s"]]
         rows += _transfers(Path(scratch) / "run" / "records.parquet")
-        partial = out / "loop.csv.partial"
-        with partial.open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(COLUMNS)
-            w.writerows(rows)
-        os.replace(partial, out / "loop.csv")
+        write_loop_csv(out, rows)
     return len(rows)
+
+
+def write_loop_csv(out: Path, rows: list[tuple]) -> None:
+    """``out/loop.csv`` whole, or not at all (written aside, then renamed)."""
+    partial = out / "loop.csv.partial"
+    with partial.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        w.writerows(rows)
+    os.replace(partial, out / "loop.csv")
 
 
 def _transfers(records: Path) -> list[tuple]:

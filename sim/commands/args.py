@@ -142,36 +142,32 @@ def add_ray(p: argparse.ArgumentParser, what: str = "") -> None:
                         f"at ADDRESS")
 
 
-def add_max_wall(p: argparse.ArgumentParser) -> None:
-    from sim.config.run_size import DEFAULT_MAX_WALL_S
-
-    def seconds(text: str) -> float:
+def _limit(flag: str, unit: str, scale: float = 1.0):
+    """The type of a limit flag: a number > 0 (inf: no limit), times ``scale``."""
+    def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--max-wall-s {text!r}: seconds > 0 (inf: no "
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: {unit} > 0 (inf: no "
                                              f"limit)") from None
         if not value > 0:
-            raise argparse.ArgumentTypeError(f"--max-wall-s {value:g}: must be > 0")
-        return value
+            raise argparse.ArgumentTypeError(f"{flag} {value:g}: must be > 0")
+        return value * scale
+    return parse
 
-    p.add_argument("--max-wall-s", type=seconds, default=DEFAULT_MAX_WALL_S, metavar="SECONDS",
+
+def add_max_wall(p: argparse.ArgumentParser) -> None:
+    from sim.config.run_size import DEFAULT_MAX_WALL_S
+
+    p.add_argument("--max-wall-s", type=_limit("--max-wall-s", "seconds"),
+                   default=DEFAULT_MAX_WALL_S, metavar="SECONDS",
                    help="refuse work estimated to take longer on this machine (default "
                         f"{DEFAULT_MAX_WALL_S:g}, inf: no limit)")
 
 
 def add_max_memory(p: argparse.ArgumentParser) -> None:
-    def gigabytes(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--max-memory-gb {text!r}: GB > 0 (inf: no "
-                                             f"limit)") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"--max-memory-gb {value:g}: must be > 0")
-        return value * 1e9
-
-    p.add_argument("--max-memory-gb", dest="max_memory_bytes", type=gigabytes, metavar="GB",
+    p.add_argument("--max-memory-gb", dest="max_memory_bytes",
+                   type=_limit("--max-memory-gb", "GB", 1e9), metavar="GB",
                    help="refuse a trace file loaded whole whose estimate needs more memory "
                         "(default: this machine's available memory; inf: no limit)")
 

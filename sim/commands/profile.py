@@ -89,7 +89,6 @@ def run(args) -> int:
 def _prepare(out: Path, head: dict, force: bool) -> dict:
     """The samples already in ``out`` (resume), after refusing another profile's directory."""
     from hardware.serve.profile_files import read_toml
-    from traces import endpoint_profile as ep
     from traces import endpoint_samples as es
 
     if out.exists() and not out.is_dir():

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import numpy as np
 
 from sim.engine.aggregated_runs import growth, run_length
 from sim.engine.timers import MovableTimer, timeout_instant

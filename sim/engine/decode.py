@@ -31,7 +31,6 @@ iteration is its own timer: the oracle the fast path is tested against.
 from __future__ import annotations
 
 from bisect import insort
-from collections import deque
 
 import numpy as np
 import simpy

@@ -164,15 +164,15 @@ def _line(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """Piecewise-linear through (xs, ys), extrapolated by the end segments (one point: flat).
 
     Outside the points a step's time never falls as its work grows: an end segment that
-    slopes down (noise between two measured points) extrapolates flat, and nothing is priced
-    below 0 s."""
+    slopes down (noise between two measured points) extrapolates flat (``_Lines`` floors
+    what lies below the points at the fastest measured step)."""
     if len(xs) == 1:
         return np.full(len(x), ys[0])
     y = np.interp(x, xs, ys)
     low, high = x < xs[0], x > xs[-1]
     if low.any():
         slope = max((ys[1] - ys[0]) / (xs[1] - xs[0]), 0.0)
-        y[low] = np.maximum(ys[0] + (x[low] - xs[0]) * slope, 0.0)
+        y[low] = ys[0] + (x[low] - xs[0]) * slope
     if high.any():
         slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
         y[high] = ys[-1] + (x[high] - xs[-1]) * slope
@@ -210,4 +210,4 @@ class _Lines:
             return y0 + (g - g0) * (y1 - y0) / (g1 - g0)
         # outside the groups: along the end pair, never falling as the batch grows
         slope = np.maximum((y1 - y0) / (g1 - g0), 0.0)
-        return np.maximum(y0 + (g - g0) * slope, 0.0) if g < g0 else y1 + (g - g1) * slope
+        return y0 + (g - g0) * slope if g < g0 else y1 + (g - g1) * slope
